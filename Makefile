@@ -1,0 +1,42 @@
+# make demo   install if needed, then run the CPU smoke sweep end to end and print the report
+# make test   install if needed, then run the test suite
+# make bench  install if needed, then run the benchmarks and print their ratios
+# make install  (re)create .venv with the package and its dev/test extras
+
+PYTHON ?= python3
+VENV   := .venv
+PY     := $(VENV)/bin/python
+PIP    := $(PY) -m pip
+# The torch build installed before the package when no GPU is present (CPU wheel of that release).
+TORCH_CPU ?= torch==2.13.0
+STAMP  := $(VENV)/.installed
+EXTRAS ?= dev
+
+.PHONY: install test demo bench clean
+
+install: $(STAMP)
+
+$(STAMP): pyproject.toml Makefile
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PIP) install -q --upgrade pip
+	@if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; then \
+		echo "GPU found: torch comes with the package's own requirements"; \
+	else \
+		echo "no GPU: installing the CPU build of torch first ($(TORCH_CPU))"; \
+		$(PIP) install -q "$(TORCH_CPU)"; \
+	fi
+	$(PIP) install -q -e ".[$(EXTRAS)]"
+	touch $(STAMP)
+
+test: $(STAMP)
+	$(PY) -m pytest -q -n 2 --dist loadfile
+
+demo: $(STAMP)
+	$(VENV)/bin/rpg sweep experiments/smoke.yaml
+	$(VENV)/bin/rpg report --table
+
+bench: $(STAMP)
+	@for f in benchmarks/bench_*.py; do echo "== $$f"; $(PY) $$f || exit 1; done
+
+clean:
+	rm -rf $(VENV) .pytest_cache

@@ -1,0 +1,3 @@
+from rpg_cli.cli import app
+
+app(prog_name="rpg")

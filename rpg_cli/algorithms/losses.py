@@ -1,0 +1,326 @@
+"""Policy losses of the RPG paper (MATH.md sections 1-3, 5) behind one entry point, `policy_loss`.
+
+Each per-token formula is a function of its own, readable next to MATH.md. `policy_loss` validates
+its inputs, turns them into clean per-token log-ratios, calls the formula and aggregates with verl's
+`loss_agg_mode` semantics.
+
+Padding never leaks: masked positions may hold -inf/NaN in any input; they are replaced (torch.where,
+never multiplication) by log-ratio 0 and advantage 0 before any exp/log, so every per-token quantity
+there is finite (and in fact 0), in the loss and in its gradient.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import torch
+
+from rpg_cli.algorithms.kl import KL_VARIANTS, clamp_log_ratio, k3, kl_term, log_u_of, reverse_ukl
+
+LOSS_NAMES = (
+    *(f"rpg_{v}" for v in KL_VARIANTS),
+    *(f"rpg_reinforce_{v}" for v in KL_VARIANTS),
+    "ppo",
+    "grpo",
+    "grpo_corrected",
+)
+LOSS_AGG_MODES = ("token-mean", "token-sum", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm")
+
+
+class TokenLoss(NamedTuple):
+    """Per-token loss matrix plus what the metrics need (masks are bool, None when unclipped)."""
+
+    loss: torch.Tensor
+    ratio: torch.Tensor  # the importance weight w used
+    kl: torch.Tensor | None = None  # per-token estimate of the penalised divergence
+    clip_high: torch.Tensor | None = None  # ratio above 1+eps_high with a positive advantage: no gradient
+    clip_low: torch.Tensor | None = None  # ratio below 1-eps_low with a negative advantage: no gradient
+    clip_dual: torch.Tensor | None = None  # ratio above c with a negative advantage: bounded, no gradient
+
+
+# ---------------------------------------------------------------- clipping (section 2)
+
+
+def dual_clip(w: torch.Tensor, adv: torch.Tensor, eps_low: float, eps_high: float, c: float) -> TokenLoss:
+    """RPG-Style Clip / dual-clip PPO on a fixed advantage Â (MATH.md section 2).
+
+        L_clip = max(-w Â, -clip(w, 1-e1, 1+e2) Â)
+        L      = L_clip               if Â >= 0
+        L      = min(L_clip, -c Â)    if Â < 0
+
+    Computed in the equivalent single-clamp form (same values, same gradients off the measure-zero
+    boundaries): max(-w Â, -clip(w) Â) is -Â min(w, 1+e2) for Â >= 0 and -Â max(w, 1-e1) for Â < 0,
+    whose min with -c Â is -Â clamp(w, 1-e1, c). The gradient flows only where w is not clamped.
+    """
+    negative = adv < 0
+    effective = torch.where(negative, w.clamp(1 - eps_low, c), w.clamp(max=1 + eps_high))
+    loss = -adv * effective
+    with torch.no_grad():
+        clip_high = (adv > 0) & (w > 1 + eps_high)
+        clip_low = negative & (w < 1 - eps_low)
+        clip_dual = negative & (w > c)
+    return TokenLoss(loss, w, None, clip_high, clip_low, clip_dual)
+
+
+# ---------------------------------------------------------------- PPO, DAPO, REINFORCE++ (section 4)
+
+
+def ppo_loss(log_w: torch.Tensor, adv: torch.Tensor, *, clip: bool, eps_low: float, eps_high: float, c: float) -> TokenLoss:
+    """Dual-clip PPO without KL: `-w A` unclipped, `dual_clip(w, A)` clipped."""
+    w = torch.exp(log_w)
+    return dual_clip(w, adv, eps_low, eps_high, c) if clip else TokenLoss(-w * adv, w)
+
+
+# ---------------------------------------------------------------- RPG, fully differentiable (Algorithm 1)
+
+
+def rpg_loss(
+    variant: str,
+    log_w: torch.Tensor,
+    log_rho: torch.Tensor | None,
+    adv: torch.Tensor,
+    *,
+    beta: float,
+    clip: bool,
+    eps_low: float,
+    eps_high: float,
+    c: float,
+) -> TokenLoss:
+    """Fully differentiable RPG loss (MATH.md section 1 table, section 2, paper Algorithm 1).
+
+    Unclipped: `-w A + beta * D`, with D the importance-weighted estimator of the variant's divergence
+    (kl.py). Its gradient is exactly section 1's; its value differs from the table's loss only by
+    terms without gradient (e.g. `fkl`'s `beta log pi_old`), chosen so that D estimates the divergence.
+
+    Clipped: `fkl`, `ufkl` clip `-w A` and add `beta * D` outside the clip (the paper's "common
+    simplification"); `rkl`, `urkl` put the KL inside the (detached) advantage and clip that:
+        rkl:  Â = A - beta (log u + 1)        urkl: Â = A - beta log u
+    (u = pi_theta/pi_ref; u = w for the iterative reference). Detaching Â makes the unclipped limit
+    have section 1's per-token gradient exactly.
+    """
+    w = torch.exp(log_w)
+    kl = kl_term(variant, log_w, log_rho)
+    if not clip:
+        return TokenLoss(-w * adv + beta * kl.value, w, kl.value)
+    if variant in ("rkl", "urkl"):
+        log_u = log_u_of(log_w, log_rho)
+        adv_hat = adv - beta * (log_u + 1) if variant == "rkl" else adv - beta * log_u
+        return dual_clip(w, adv_hat.detach(), eps_low, eps_high, c)._replace(kl=kl.value)
+    clipped = dual_clip(w, adv, eps_low, eps_high, c)
+    return clipped._replace(loss=clipped.loss + beta * kl.value, kl=kl.value)
+
+
+# ---------------------------------------------------------------- RPG-REINFORCE (Algorithm 2, eq. 4.1)
+
+
+def rpg_reinforce_loss(
+    variant: str,
+    log_w: torch.Tensor,
+    log_rho: torch.Tensor | None,
+    log_prob: torch.Tensor,
+    adv: torch.Tensor,
+    *,
+    beta: float,
+    clip: bool,
+    eps_low: float,
+    eps_high: float,
+    c: float,
+    clipped_weight: bool = False,
+) -> TokenLoss:
+    """REINFORCE-style RPG loss with RPG-Style Clip (MATH.md section 3, paper Algorithm 2).
+
+    With ℓ = -logp, C_KL = beta * kl_component(w), A' = A + SG(C_KL)/SG(w), psi = A' ℓ:
+
+        psi >= 0:  w < 1+e2      -> psi SG(w)                                  (gradient via ℓ)
+                   otherwise     -> (A + SG(C_KL)/(1+e2)) SG(ℓ) (1+e2)          (no gradient)
+        psi < 0:   w <= 1-e1     -> (A + SG(C_KL)/(1-e1)) SG(ℓ) (1-e1)          (no gradient)
+                   w < c         -> psi SG(w)                                  (gradient via ℓ)
+                   otherwise     -> A SG(ℓ) c + SG(C_KL) SG(ℓ)                  (no gradient)
+
+    Every branch is (w̄ A + C_KL) ℓ, with w̄ the ratio w or the bound of its branch (1+e2, 1-e1, c),
+    which is how it is computed; only the unclipped branches let the gradient through ℓ.
+    Unclipped it is section 1's REINFORCE-style loss `-SG(w A + C_KL) logp`. `clipped_weight` is
+    Remark F.2: clip(w, 1-e1, 1+e2) replaces w inside SG in the gradient branches (default off).
+    """
+    with torch.no_grad():  # every weight of a REINFORCE loss is a constant; the KL value is a metric
+        kl = kl_term(variant, log_w, log_rho)
+        c_kl = beta * kl.reinforce_weight
+        w = torch.exp(log_w)
+    ell = -log_prob
+    if not clip:
+        return TokenLoss((w * adv + c_kl) * ell, w, kl.value)
+    hi, lo = 1 + eps_high, 1 - eps_low
+    with torch.no_grad():
+        w_sg = w.clamp(lo, hi) if clipped_weight else w
+        positive = (adv + c_kl / w_sg) * ell >= 0  # the sign of psi
+        clip_high = positive & (w >= hi)
+        clip_low = ~positive & (w <= lo)
+        clip_dual = ~positive & (w >= c)
+        no_gradient = clip_high | clip_low | clip_dual
+        w_bar = torch.where(positive, w.clamp(max=hi), w.clamp(lo, c))
+        if clipped_weight:
+            w_bar = torch.where(no_gradient, w_bar, w_sg)
+    loss = (w_bar * adv + c_kl) * torch.where(no_gradient, ell.detach(), ell)
+    return TokenLoss(loss, w, kl.value, clip_high, clip_low, clip_dual)
+
+
+# ---------------------------------------------------------------- GRPO (section 1 "GRPO's KL term")
+
+
+def grpo_loss(
+    log_w: torch.Tensor,
+    log_rho: torch.Tensor | None,
+    adv: torch.Tensor,
+    *,
+    corrected: bool,
+    beta: float,
+    clip: bool,
+    eps_low: float,
+    eps_high: float,
+    c: float,
+) -> TokenLoss:
+    """GRPO: dual-clip PPO on A plus beta * k3(pi_ref/pi_theta) per token.
+
+    As published (`corrected=False`) the k3 term is not importance-weighted although tokens come from
+    pi_old, so its gradient is not that of UKL(pi_theta || pi_ref). `corrected=True` weights it by w,
+    which is exactly the `urkl` estimator: E_old[w k3(pi_ref/pi_theta)] = UKL(pi_theta || pi_ref).
+    """
+    pg = ppo_loss(log_w, adv, clip=clip, eps_low=eps_low, eps_high=eps_high, c=c)
+    kl = reverse_ukl(log_w, log_rho).value if corrected else k3(-log_u_of(log_w, log_rho))
+    return pg._replace(loss=pg.loss + beta * kl, kl=kl)
+
+
+# ---------------------------------------------------------------- aggregation (section 5)
+
+
+def aggregate(
+    loss_mat: torch.Tensor, response_mask: torch.Tensor, loss_agg_mode: str, loss_scale_factor: float | None = None
+) -> torch.Tensor:
+    """Reduce a per-token loss to a scalar with verl's `loss_agg_mode` semantics (single data-parallel rank).
+
+    token-mean: sum over the batch's valid tokens / their count; token-sum: their sum;
+    seq-mean-token-sum: per-sequence token sum, mean over sequences with a valid token;
+    seq-mean-token-mean: per-sequence token mean, mean over those sequences;
+    seq-mean-token-sum-norm (Dr. GRPO): seq-mean-token-sum / loss_scale_factor (default: max response length).
+    """
+    mask = response_mask.to(loss_mat.dtype)
+    if loss_agg_mode == "token-mean":
+        return (loss_mat * mask).sum() / mask.sum()
+    if loss_agg_mode == "token-sum":
+        return (loss_mat * mask).sum()
+    tokens = mask.sum(-1)
+    has_tokens = (tokens > 0).to(loss_mat.dtype)
+    seq_sum = (loss_mat * mask).sum(-1)
+    if loss_agg_mode in ("seq-mean-token-sum", "seq-mean-token-sum-norm"):
+        loss = (seq_sum * has_tokens).sum() / has_tokens.sum()
+        if loss_agg_mode == "seq-mean-token-sum-norm":
+            loss = loss / (loss_scale_factor if loss_scale_factor is not None else loss_mat.shape[-1])
+        return loss
+    if loss_agg_mode == "seq-mean-token-mean":
+        return (seq_sum / (tokens + 1e-8) * has_tokens).sum() / has_tokens.sum()
+    raise ValueError(f"unknown loss_agg_mode {loss_agg_mode!r}; expected one of {', '.join(LOSS_AGG_MODES)}")
+
+
+# ---------------------------------------------------------------- the entry point
+
+
+def _check_inputs(name, log_prob, old_log_prob, advantages, response_mask, ref_log_prob, loss_agg_mode, clip, eps_low, eps_high, clip_c, beta):
+    if name not in LOSS_NAMES:
+        raise ValueError(f"unknown policy loss {name!r}; expected one of {', '.join(LOSS_NAMES)}")
+    if loss_agg_mode not in LOSS_AGG_MODES:
+        raise ValueError(f"unknown loss_agg_mode {loss_agg_mode!r}; expected one of {', '.join(LOSS_AGG_MODES)}")
+    shape = tuple(log_prob.shape)
+    if len(shape) != 2:
+        raise ValueError(f"log_prob must be (batch, response_len), got shape {shape}")
+    named = {"old_log_prob": old_log_prob, "response_mask": response_mask}
+    if ref_log_prob is not None:
+        named["ref_log_prob"] = ref_log_prob
+    for key, tensor in named.items():
+        if tuple(tensor.shape) != shape:
+            raise ValueError(f"{key} has shape {tuple(tensor.shape)}, but log_prob has shape {shape}")
+    if tuple(advantages.shape) not in (shape, shape[:1]):
+        raise ValueError(f"advantages has shape {tuple(advantages.shape)}, expected {shape} or ({shape[0]},)")
+    if not bool(response_mask.bool().any()):
+        raise ValueError("response_mask selects no token: nothing to compute a loss on")
+    if beta < 0:
+        raise ValueError(f"beta must be >= 0, got {beta}")
+    if clip and not (eps_low > 0 and eps_high > 0 and clip_c > 1):
+        raise ValueError(f"clip needs eps_low > 0, eps_high > 0 and clip_c > 1, got {eps_low}, {eps_high}, {clip_c}")
+
+
+def policy_loss(
+    name: str,
+    *,
+    log_prob: torch.Tensor,
+    old_log_prob: torch.Tensor,
+    advantages: torch.Tensor,
+    response_mask: torch.Tensor,
+    ref_log_prob: torch.Tensor | None = None,
+    beta: float = 0.0,
+    clip: bool = True,
+    eps_low: float = 0.2,
+    eps_high: float = 0.28,
+    clip_c: float = 10.0,
+    loss_agg_mode: str = "token-mean",
+) -> tuple[torch.Tensor, dict[str, float]]:
+    """The scalar loss to minimise and the metrics a researcher watches.
+
+    name: rpg_{fkl,rkl,ufkl,urkl} (Algorithm 1), rpg_reinforce_{fkl,rkl,ufkl,urkl} (Algorithm 2),
+          ppo (dual-clip, no KL: DAPO, REINFORCE++), grpo (published k3 KL), grpo_corrected (w-weighted k3).
+    log_prob: log pi_theta of the sampled tokens (carries gradient), (batch, response_len).
+    old_log_prob: log pi_old (the sampling policy), same shape. ref_log_prob: log pi_ref, or None for the
+          iterative reference pi_ref = pi_old.
+    advantages: the baseline-subtracted reward R - b (or an estimator's output), per token or per sequence.
+    clip=False gives the unclipped losses of MATH.md section 1.
+
+    Metrics: pg_loss (the returned loss), kl (mean estimate of the penalised divergence, KL losses only),
+    ppo_kl (mean -log w: drift from the sampling policy), ratio_mean (mean w), clipfrac_high/low/dual
+    (fractions of valid tokens in each no-gradient branch) and clipfrac (high + low).
+    """
+    _check_inputs(name, log_prob, old_log_prob, advantages, response_mask, ref_log_prob, loss_agg_mode, clip, eps_low, eps_high, clip_c, beta)
+    mask = response_mask.bool()
+    zero = torch.zeros((), dtype=log_prob.dtype, device=log_prob.device)
+    log_w = clamp_log_ratio(torch.where(mask, log_prob - old_log_prob.detach(), zero))
+    log_rho = None  # the iterative reference pi_ref = pi_old
+    if ref_log_prob is not None:
+        log_rho = clamp_log_ratio(torch.where(mask, ref_log_prob.detach() - old_log_prob.detach(), zero))
+    adv = advantages.detach()
+    adv = torch.where(mask, adv if adv.dim() == 2 else adv.unsqueeze(-1), zero)
+    clipping = dict(clip=clip, eps_low=eps_low, eps_high=eps_high, c=clip_c)
+
+    if name == "ppo":
+        out = ppo_loss(log_w, adv, **clipping)
+    elif name in ("grpo", "grpo_corrected"):
+        out = grpo_loss(log_w, log_rho, adv, corrected=name == "grpo_corrected", beta=beta, **clipping)
+    elif name.startswith("rpg_reinforce_"):
+        logp = torch.where(mask, log_prob, zero)
+        out = rpg_reinforce_loss(name.removeprefix("rpg_reinforce_"), log_w, log_rho, logp, adv, beta=beta, **clipping)
+    else:
+        out = rpg_loss(name.removeprefix("rpg_"), log_w, log_rho, adv, beta=beta, **clipping)
+
+    loss = aggregate(out.loss, mask, loss_agg_mode)
+    return loss, _metrics(loss, out, log_w, mask)
+
+
+def _metrics(loss: torch.Tensor, out: TokenLoss, log_w: torch.Tensor, mask: torch.Tensor) -> dict[str, float]:
+    """Token means over the valid tokens, gathered into one tensor so that a GPU syncs once.
+
+    No mask is applied: padding holds log w = 0 and advantage 0, where every per-token quantity below is
+    0 (w is 1, hence the correction) and no clip branch fires (tests check the metrics against packed batches).
+    """
+    with torch.no_grad():
+        n = mask.sum()
+        values = {
+            "pg_loss": loss.detach(),
+            "ppo_kl": -log_w.sum() / n,
+            "ratio_mean": (out.ratio.sum() - (mask.numel() - n)) / n,
+        }
+        for key in ("clip_high", "clip_low", "clip_dual"):
+            branch = getattr(out, key)
+            values[key.replace("clip_", "clipfrac_")] = branch.sum() / n if branch is not None else torch.zeros_like(n)
+        if out.kl is not None:
+            values["kl"] = out.kl.sum() / n
+        numbers = torch.stack([v.to(torch.float64) for v in values.values()]).tolist()
+    metrics = dict(zip(values, numbers))
+    metrics["clipfrac"] = metrics["clipfrac_high"] + metrics["clipfrac_low"]
+    return metrics

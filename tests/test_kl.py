@@ -1,0 +1,76 @@
+"""k1/k2/k3 and the KL estimators of kl.py: exact identities by enumeration (MATH.md section 1)."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from rpg_cli.algorithms.kl import KL_TERMS, k1, k2, k3, kl_term
+
+F64 = torch.float64
+
+
+def test_k_estimators_values():
+    y = torch.tensor([0.5, 1.0, 2.0], dtype=F64)
+    log_y = y.log()
+    assert torch.allclose(k1(log_y), -log_y)
+    assert torch.allclose(k2(log_y), log_y.square() / 2)
+    assert torch.allclose(k3(log_y), y - 1 - log_y)
+    assert k3(torch.tensor(1e-9, dtype=F64)).item() == pytest.approx(5e-19, rel=1e-6)  # expm1: no cancellation
+
+
+def distributions(seed=0, v=8):
+    g = torch.Generator().manual_seed(seed)
+    log_old = torch.log_softmax(torch.randn(v, generator=g, dtype=F64), 0)
+    log_theta = log_old + 0.3 * torch.randn(v, generator=g, dtype=F64)  # unnormalized
+    return log_old, log_theta
+
+
+def ukl(log_p, log_q):
+    return (log_p.exp() * (log_p - log_q)).sum() + (log_q.exp() - log_p.exp()).sum()
+
+
+def test_k3_identities():
+    """E_old[k3(pi_theta/pi_old)] = UKL(pi_old || pi_theta);  E_theta[k3(pi_old/pi_theta)] = UKL(pi_theta || pi_old)."""
+    log_old, log_theta = distributions()
+    forward = (log_old.exp() * k3(log_theta - log_old)).sum()
+    reverse = (log_theta.exp() * k3(log_old - log_theta)).sum()
+    assert forward.item() == pytest.approx(ukl(log_old, log_theta).item(), abs=1e-14)
+    assert reverse.item() == pytest.approx(ukl(log_theta, log_old).item(), abs=1e-14)
+    assert abs(forward.item() - reverse.item()) > 1e-3
+
+
+@pytest.mark.parametrize("variant", list(KL_TERMS))
+def test_reinforce_weight_is_minus_the_derivative_of_the_estimate(variant):
+    """kl_component (section 3) is exactly -d value / d logp, token by token."""
+    g = torch.Generator().manual_seed(1)
+    log_w = (0.5 * torch.randn(32, generator=g, dtype=F64)).requires_grad_(True)
+    log_rho = 0.5 * torch.randn(32, generator=g, dtype=F64)
+    term = kl_term(variant, log_w, log_rho)
+    (d,) = torch.autograd.grad(term.value.sum(), log_w)
+    assert torch.allclose(term.reinforce_weight, -d, atol=1e-14)
+    assert not term.reinforce_weight.requires_grad
+
+
+def test_iterative_reference_estimators_are_the_k_estimators():
+    """With pi_ref = pi_old: fkl -> k1(w), ufkl -> k3(w), rkl -> w log w, urkl -> w k3(1/w)."""
+    log_w = torch.linspace(-2, 2, 9, dtype=F64)
+    zero = torch.zeros_like(log_w)
+    w = log_w.exp()
+    assert torch.allclose(kl_term("fkl", log_w, zero).value, k1(log_w))
+    assert torch.allclose(kl_term("ufkl", log_w, zero).value, k3(log_w))
+    assert torch.allclose(kl_term("rkl", log_w, zero).value, w * log_w)
+    assert torch.allclose(kl_term("urkl", log_w, zero).value, w * k3(-log_w))
+
+
+def test_unknown_variant():
+    with pytest.raises(ValueError, match="unknown KL variant 'kl'"):
+        kl_term("kl", torch.zeros(1), torch.zeros(1))
+
+
+def test_k2_is_second_order_close_to_k3():
+    small = torch.tensor([1e-3], dtype=F64)
+    assert k2(small).item() == pytest.approx(k3(small).item(), rel=1e-3)
+    assert math.isclose(k1(small).item(), -1e-3)
