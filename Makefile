@@ -10,7 +10,7 @@ PIP    := $(PY) -m pip
 # The torch build installed before the package when no GPU is present (CPU wheel of that release).
 TORCH_CPU ?= torch==2.13.0
 STAMP  := $(VENV)/.installed
-EXTRAS ?= dev
+EXTRAS ?= dev,verl
 
 .PHONY: install test demo bench clean
 

@@ -1,0 +1,18 @@
+"""How a job starts the local backend: the command line only (pure python, no torch).
+
+The command is an argument list with no shell in between, and the spec travels as a file, so no spec
+value is ever parsed by a shell. "python" (not this interpreter's path) because the job runs on
+whichever machine Ray picks, in its own environment.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from rpg_cli.spec import ExperimentSpec
+
+
+def entrypoint(spec: ExperimentSpec, run_dir: Path) -> list[str]:
+    return ["python", "-m", "rpg_cli.backends.local", "--spec", str(Path(run_dir) / "spec.json")]

@@ -1,0 +1,221 @@
+"""Sources -> cleaned problems -> verl parquet files, with a report of every row dropped and why.
+
+All sources are read and cleaned before anything is written, so a bad source (unreachable hub,
+malformed rows under --strict, nothing usable left) leaves no output at all; each file is then
+written to a temporary name and renamed into place.
+"""
+
+from __future__ import annotations
+
+import os
+import uuid
+from collections import Counter
+from collections.abc import Iterable, Iterator, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from rpg_cli.datasets.clean import (
+    DROP_REASONS,
+    DUPLICATE,
+    DUPLICATE_OTHER_ANSWER,
+    EMPTY_QUESTION,
+    MISSING_ANSWER,
+    NON_ENGLISH,
+    UNREADABLE,
+    answer_text,
+    dedup_key,
+    is_english,
+    question_text,
+)
+from rpg_cli.datasets.readers import RawRows, SourceError, read_origin
+from rpg_cli.datasets.sources import SourceSpec
+from rpg_cli.datasets.template import VERL_SCHEMA, verl_row
+
+# Auto-detected field names, most specific first (matched case-insensitively).
+QUESTION_FIELDS = ("problem", "question", "extra_info.raw_problem", "prompt", "query")
+# Not "solution": in most math sets it holds a worked solution, not the final answer.
+ANSWER_FIELDS = ("answer", "reward_model.ground_truth", "ground_truth", "final_answer", "label")
+
+ROWS_PER_GROUP = 8192  # parquet row-group size; rows are serialized one group at a time
+
+
+@dataclass
+class SourceReport:
+    """What happened to one source: rows read, dropped by reason, problems kept, rows written."""
+
+    name: str
+    origin: str
+    output: Path
+    question_field: str
+    answer_field: str
+    read: int
+    dropped: dict[str, int]  # reason -> rows, in DROP_REASONS order, zero counts left out
+    malformed: list[tuple[str, str]]  # (location, why) of rows that are broken, not just filtered
+    problems: int
+    repeat: int
+
+    @property
+    def written(self) -> int:
+        return self.problems * self.repeat
+
+
+class PrepareError(SourceError):
+    """Preparation stopped before writing anything; `reports` says what was read up to then."""
+
+    def __init__(self, message: str, reports: list[SourceReport]):
+        super().__init__(message)
+        self.reports = reports
+
+
+@dataclass
+class Collected:
+    spec: SourceSpec
+    problems: list[tuple[str, str]]  # (raw problem, ground truth), first-seen order
+    report: SourceReport = field(repr=False)
+
+
+def prepare(specs: Sequence[SourceSpec], *, strict: bool = False) -> list[SourceReport]:
+    """Read and clean every source, then write one verl parquet file per source.
+
+    Malformed rows are skipped and listed in the reports; with `strict` they stop everything.
+    """
+    collected = [collect(spec) for spec in specs]
+    reports = [c.report for c in collected]
+    broken = [(r.name, where, why) for r in reports for where, why in r.malformed]
+    if strict and broken:
+        name, where, why = broken[0]
+        raise PrepareError(
+            f"--strict: {len(broken)} malformed row(s), first {name} {where}: {why}; "
+            "fix them or drop --strict to skip them (nothing was written)",
+            reports,
+        )
+    for c in collected:
+        if not c.problems:
+            drops = ", ".join(f"{reason}: {n}" for reason, n in c.report.dropped.items()) or "no rows"
+            raise PrepareError(
+                f"{c.spec.name}: no usable rows in {c.spec.origin} ({drops}); nothing was written", reports
+            )
+    for c in collected:
+        write_verl_parquet(verl_batches(c), c.spec.output)
+    return reports
+
+
+def collect(spec: SourceSpec) -> Collected:
+    """Read one source and keep its distinct, well-formed (and, if asked, English) problems."""
+    label = f"{spec.name} ({spec.origin})"
+    rows = read_origin(spec.origin, spec.name, spec.local_hint)
+    question_field = resolve_field(rows, spec.question_field, QUESTION_FIELDS, "question", label)
+    answer_field = resolve_field(rows, spec.answer_field, ANSWER_FIELDS, "answer", label)
+
+    dropped: Counter[str] = Counter({UNREADABLE: len(rows.unreadable)})
+    malformed: list[tuple[int, str]] = list(rows.unreadable)  # (row or line number, why)
+    first_answer: dict[str, str] = {}  # dedup key -> answer of its first occurrence
+    # Raw question text -> raw answer of its first kept-or-filtered occurrence: DAPO-Math-17k
+    # repeats each prompt ~100 times verbatim, and those rows need no parsing at all.
+    seen_raw: dict[str, Any] = {}
+    problems: list[tuple[str, str]] = []
+    try:
+        for number, (question_value, answer_value) in rows.iter_values([question_field, answer_field]):
+            if spec.dedup and isinstance(question_value, str) and question_value in seen_raw:
+                if seen_raw[question_value] == answer_value:
+                    dropped[DUPLICATE] += 1
+                    continue
+            problem = question_text(question_value)
+            if problem is None:
+                dropped[EMPTY_QUESTION] += 1
+                malformed.append((number, f"{EMPTY_QUESTION} (field {question_field})"))
+                continue
+            answer = answer_text(answer_value)
+            if answer is None:
+                dropped[MISSING_ANSWER] += 1
+                malformed.append((number, f"{MISSING_ANSWER} (field {answer_field})"))
+                continue
+            if spec.dedup:
+                key = dedup_key(problem)
+                if key in first_answer:
+                    dropped[DUPLICATE if first_answer[key] == answer else DUPLICATE_OTHER_ANSWER] += 1
+                    continue
+                first_answer[key] = answer
+                if isinstance(question_value, str):
+                    seen_raw[question_value] = answer_value
+            if spec.english_only and not is_english(problem):
+                dropped[NON_ENGLISH] += 1
+                continue
+            problems.append((problem, answer))
+    except (pa.ArrowException, OSError) as exc:
+        raise SourceError(f"{label}: cannot read rows: {' '.join(str(exc).split())}") from exc
+
+    malformed.sort()
+    report = SourceReport(
+        name=spec.name,
+        origin=str(spec.origin),
+        output=spec.output,
+        question_field=question_field,
+        answer_field=answer_field,
+        read=len(rows),
+        dropped={reason: dropped[reason] for reason in DROP_REASONS if dropped[reason]},
+        malformed=[(rows.location(number), why) for number, why in malformed],
+        problems=len(problems),
+        repeat=spec.repeat,
+    )
+    return Collected(spec=spec, problems=problems, report=report)
+
+
+def resolve_field(rows: RawRows, explicit: str | None, candidates: Iterable[str], kind: str, label: str) -> str:
+    """The field holding the question (or answer): the one named, else the first known name found."""
+    fields = ", ".join(rows.fields) or "none"
+    if explicit is not None:
+        if rows.has(explicit):
+            return explicit
+        raise SourceError(f"{label}: no field {explicit!r} (fields: {fields}); name the {kind} with --{kind}-field")
+    by_lower = {name.lower(): name for name in rows.fields}
+    for candidate in candidates:
+        head, dot, rest = candidate.partition(".")
+        path = by_lower.get(head, head) + dot + rest
+        if rows.has(path):
+            return path
+    raise SourceError(f"{label}: cannot tell which field holds the {kind} (fields: {fields}); name it with --{kind}-field")
+
+
+def verl_batches(collected: Collected, rows_per_group: int | None = None) -> Iterator[pa.RecordBatch]:
+    """The rows of one output file, `repeat` copies per problem, problem by problem.
+
+    `extra_info.index` follows the paper: the copy number 0..k-1 when problems are repeated for
+    accuracy@k, else the problem's position.
+    """
+    size = rows_per_group or ROWS_PER_GROUP
+    spec = collected.spec
+    rows: list[dict[str, Any]] = []
+    for position, (problem, answer) in enumerate(collected.problems):
+        for copy in range(spec.repeat):
+            index = copy if spec.repeat > 1 else position
+            rows.append(verl_row(problem, answer, spec.data_source, index))
+            if len(rows) == size:
+                yield rows_to_batch(rows)
+                rows = []
+    if rows:
+        yield rows_to_batch(rows)
+
+
+def rows_to_batch(rows: list[dict[str, Any]]) -> pa.RecordBatch:
+    return pa.RecordBatch.from_pylist(rows, schema=VERL_SCHEMA)
+
+
+def write_verl_parquet(batches: Iterable[pa.RecordBatch], path: Path) -> None:
+    """Write to a temporary file next to `path`, then rename: readers never see a partial file."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    temporary = path.with_name(f".{path.name}.{uuid.uuid4().hex[:8]}.tmp")
+    try:
+        with pq.ParquetWriter(temporary, VERL_SCHEMA) as writer:
+            for batch in batches:
+                writer.write_batch(batch)
+        with open(temporary, "rb") as handle:
+            os.fsync(handle.fileno())
+        os.replace(temporary, path)
+    except BaseException:
+        temporary.unlink(missing_ok=True)
+        raise

@@ -1,0 +1,641 @@
+"""Typed experiment specs: one run (`ExperimentSpec`) and a grid of runs (`SweepSpec`).
+
+A sweep YAML holds `name`, `base` (spec fields shared by every cell), `grid` (field -> list of values),
+`include`/`exclude` (GitHub-Actions-matrix semantics) and `seeds`. Expansion merges base and cell,
+collapses fields that do not apply to a cell (the KL variant of `grpo`, clip sub-fields of an unclipped
+run), validates every cell and drops cells that turn out identical (same run id).
+
+Every invalid input raises `SpecError`, whose one-line message names the file, the field path and what
+is allowed. Only pydantic and PyYAML are imported here (omegaconf only for files with `${...}`), so
+`rpg sweep --dry-run` stays fast.
+"""
+
+from __future__ import annotations
+
+import copy
+import hashlib
+import itertools
+import json
+import re
+from pathlib import Path
+from typing import TYPE_CHECKING, Annotated, Any, Literal, Union
+
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, PrivateAttr, TypeAdapter, ValidationError
+from pydantic import model_validator
+
+if TYPE_CHECKING:
+    from pydantic.fields import FieldInfo
+
+Algorithm = Literal["grpo", "dapo", "reinforce_pp", "reinforce_pp_baseline", "rpg", "rpg_reinforce"]
+KLVariant = Literal["fkl", "rkl", "ufkl", "urkl", "none"]
+Context = Literal["2k", "4k", "8k"]
+Optimizer = Literal["adamw", "schedule_free"]
+LossAggMode = Literal["token-mean", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm"]
+
+RPG_ALGORITHMS = ("rpg", "rpg_reinforce")
+KL_VARIANTS = ("fkl", "rkl", "ufkl", "urkl")
+
+# context -> (max_prompt_length, max_response_length). Read as the response budget, the way verl's DAPO
+# recipe (which the released RPG scripts extend) names its lengths; prompts (DAPO-Math-17k, AIME, AMC in
+# the "Answer:" template) fit in 1024 tokens. The only place these numbers live.
+CONTEXT_LENGTHS: dict[str, tuple[int, int]] = {"2k": (1024, 2048), "4k": (1024, 4096), "8k": (1024, 8192)}
+
+
+class SpecError(Exception):
+    """Bad spec input, reported as one line: `<file>: [<cell>] <field path>: <reason>`.
+
+    Deliberately not a ValueError: raised inside a pydantic validator it propagates unchanged, so
+    cross-field checks keep their own field path.
+    """
+
+    def __init__(self, reason: str, path: str = "", source: str = "", where: str = ""):
+        self.reason, self.path, self.source, self.where = reason, path, source, where
+        super().__init__(self.message)
+
+    @property
+    def message(self) -> str:
+        place = " ".join(p for p in (self.where, self.path) if p)
+        return ": ".join(p for p in (self.source, place, self.reason) if p)
+
+    def within(self, source: str = "", where: str = "", prefix: str = "") -> SpecError:
+        """The same problem seen from further out (a file, a grid cell, an enclosing field)."""
+        path = _join_path(prefix, self.path)
+        return SpecError(self.reason, path, source or self.source, where or self.where)
+
+
+# ---------------------------------------------------------------------------------------------
+# The models
+
+
+class _Frozen(BaseModel):
+    # strict: a YAML typo like `rollout_n: "16"` or `clip: yes` is an error, not a silent coercion
+    model_config = ConfigDict(frozen=True, extra="forbid", strict=True)
+
+
+class Clip(_Frozen):
+    eps_low: float = Field(gt=0)
+    eps_high: float = Field(gt=0)
+    c: float = Field(10.0, gt=1)  # dual-clip bound for negative advantages (paper gives none; reference code: 10)
+    clipped_weight_in_sg: bool = False  # Remark F.2: the clipped weight inside stop-gradient
+
+
+class Every(_Frozen):
+    every: int = Field(ge=1)  # reset pi_ref to pi_old every K steps
+
+
+class Data(_Frozen):
+    train_files: list[str] = Field(min_length=1)
+    val_files: list[str] = Field(default_factory=list)
+
+
+class Val(_Frozen):
+    n: int = Field(32, ge=1)  # k of accuracy@k
+    every: int = Field(5, ge=1)  # test_freq, in steps
+    temperature: float = Field(1.0, ge=0)
+    top_p: float = Field(0.7, gt=0, le=1)
+
+
+class Rollout(_Frozen):
+    temperature: float = Field(1.0, ge=0)
+    top_p: float = Field(1.0, gt=0, le=1)
+    engine: Literal["vllm", "hf"] = "vllm"
+
+
+class Dapo(_Frozen):
+    dynamic_sampling: bool = True
+    max_num_gen_batches: int = Field(10, ge=0)  # 0 = keep sampling until the batch is full
+    overlong_buffer: int | None = Field(512, ge=1)
+    overlong_penalty_factor: float = Field(1.0, ge=0)
+
+
+class Resources(_Frozen):
+    nodes: int = Field(1, ge=1)
+    gpus_per_node: int = Field(ge=0)
+    cpus: float = Field(gt=0)
+
+
+def _clip_off(value: Any) -> Any:
+    # YAML `clip: off` parses as False; "off"/"none" strings are accepted too
+    if value is False or (isinstance(value, str) and value.lower() in ("off", "none", "null")):
+        return None
+    return value
+
+
+def _reference_form(value: Any) -> Any:
+    allowed = "allowed: iterative, frozen, or {every: K} with K >= 1"
+    if isinstance(value, str) and value not in ("iterative", "frozen"):
+        raise ValueError(f"got {value!r}; {allowed}")
+    if isinstance(value, dict):
+        k = value.get("every")
+        if set(value) != {"every"} or not isinstance(k, int) or isinstance(k, bool) or k < 1:
+            raise ValueError(f"got {value!r}; {allowed}")
+    elif not isinstance(value, (str, Every)):
+        raise ValueError(f"got {value!r}; {allowed}")
+    return value
+
+
+ClipSetting = Annotated[Union[Clip, None], BeforeValidator(_clip_off)]
+Reference = Annotated[Union[Literal["iterative", "frozen"], Every], BeforeValidator(_reference_form)]
+
+
+class ExperimentSpec(_Frozen):
+    """One run, fully typed. Its canonical JSON (defaults included) defines its id."""
+
+    algorithm: Algorithm
+    kl: KLVariant = "none"
+    kl_correction: bool = False  # grpo only: weight GRPO's k3 term by w (loss `grpo_corrected`)
+    beta: float = Field(ge=0)
+    clip: ClipSetting
+    optimizer: Optimizer
+    context: Context
+    reference: Reference = "iterative"
+    model: str = Field(min_length=1)
+    model_max_length: int | None = Field(None, ge=1)
+    data: Data
+    train_batch_size: int = Field(ge=1)  # prompts per step
+    rollout_n: int = Field(ge=1)  # responses per prompt
+    ppo_mini_batch_size: int = Field(ge=1)  # prompts per mini-batch (verl semantics)
+    ppo_epochs: int = Field(1, ge=1)
+    lr: float = Field(gt=0)
+    lr_warmup_steps: int = Field(0, ge=0)
+    weight_decay: float = Field(0.01, ge=0)  # verl's actor default
+    grad_clip: float = Field(1.0, gt=0)
+    steps: int = Field(ge=1)
+    seed: int = Field(ge=0)
+    val: Val = Field(default_factory=Val)
+    rollout: Rollout = Field(default_factory=Rollout)
+    loss_agg_mode: LossAggMode = "token-mean"
+    entropy_coeff: float = 0.0
+    dapo: Dapo | None = None
+    save_every: int = Field(ge=1)
+    backend: Literal["verl", "local"]
+    resources: Resources
+
+    @model_validator(mode="before")
+    @classmethod
+    def _dapo_defaults(cls, data: Any) -> Any:
+        # dapo always carries its settings, so the canonical spec (and run id) spells them out
+        if isinstance(data, dict) and data.get("algorithm") == "dapo" and data.get("dapo") is None:
+            data = {**data, "dapo": {}}
+        return data
+
+    @model_validator(mode="after")
+    def _combinations(self) -> ExperimentSpec:
+        alg = self.algorithm
+        if alg in RPG_ALGORITHMS and self.kl == "none":
+            raise SpecError(f"{alg} needs a KL variant; allowed: {', '.join(KL_VARIANTS)}", "kl")
+        if alg not in RPG_ALGORITHMS and self.kl != "none":
+            raise SpecError(
+                f"{alg} has no KL variant (got {self.kl!r}); allowed: none "
+                f"({', '.join(KL_VARIANTS)} exist for {' and '.join(RPG_ALGORITHMS)} only)",
+                "kl",
+            )
+        if self.kl_correction and alg != "grpo":
+            raise SpecError(f"only grpo has a KL correction (got {alg}); allowed: false", "kl_correction")
+        if self.clip is None and alg not in RPG_ALGORITHMS:
+            raise SpecError(
+                f"{alg} needs a clip; allowed: {{eps_low, eps_high, c}} (off only for rpg, rpg_reinforce)", "clip"
+            )
+        if alg == "dapo" and self.beta != 0:
+            raise SpecError(f"dapo has no KL term (got {self.beta!r}); allowed: 0", "beta")
+        if alg != "dapo" and self.dapo is not None:
+            raise SpecError(f"dapo settings do not apply to {alg}; allowed: null", "dapo")
+        if self.train_batch_size % self.ppo_mini_batch_size:
+            raise SpecError(
+                f"{self.ppo_mini_batch_size} does not divide train_batch_size {self.train_batch_size}; "
+                "allowed: a divisor of train_batch_size",
+                "ppo_mini_batch_size",
+            )
+        if self.model_max_length is not None:
+            prompt, response = CONTEXT_LENGTHS[self.context]
+            if prompt + response > self.model_max_length:
+                fits = [c for c, (p, r) in CONTEXT_LENGTHS.items() if p + r <= self.model_max_length]
+                allowed = ", ".join(fits) if fits else "none (raise model_max_length or use a longer-context model)"
+                raise SpecError(
+                    f"{self.context} needs {prompt}+{response} tokens but {self.model} takes "
+                    f"{self.model_max_length} (model_max_length); allowed: {allowed}",
+                    "context",
+                )
+        return self
+
+    # -- derived, pure python --------------------------------------------------------------
+
+    @property
+    def max_prompt_length(self) -> int:
+        return CONTEXT_LENGTHS[self.context][0]
+
+    @property
+    def max_response_length(self) -> int:
+        return CONTEXT_LENGTHS[self.context][1]
+
+    @property
+    def loss_name(self) -> str:
+        """The `rpg_cli.algorithms.losses.policy_loss` name of this run."""
+        if self.algorithm == "rpg":
+            return f"rpg_{self.kl}"
+        if self.algorithm == "rpg_reinforce":
+            return f"rpg_reinforce_{self.kl}"
+        if self.algorithm == "grpo":
+            return "grpo_corrected" if self.kl_correction else "grpo"
+        return "ppo"
+
+    @property
+    def advantage_estimator(self) -> str:
+        return {
+            "grpo": "grpo",
+            "dapo": "grpo",
+            "rpg": "rpg",
+            "rpg_reinforce": "rpg",
+            "reinforce_pp": "reinforce_pp",
+            "reinforce_pp_baseline": "reinforce_pp_baseline",
+        }[self.algorithm]
+
+    def canonical(self) -> dict[str, Any]:
+        """The JSON-ready spec, defaults included: what spec.json holds and the run id hashes."""
+        return self.model_dump(mode="json")
+
+    def canonical_json(self) -> str:
+        # sorted keys, no whitespace; json renders floats with repr, so 1e-4 and 0.0001 agree
+        return json.dumps(self.canonical(), sort_keys=True, separators=(",", ":"), ensure_ascii=True)
+
+    @property
+    def run_id(self) -> str:
+        return hashlib.sha256(self.canonical_json().encode("utf-8")).hexdigest()[:8]
+
+    @property
+    def run_name(self) -> str:
+        """Readable and unique: rpg_reinforce-urkl-clip0.2_0.28-adamw-4k-s0-1a2b3c4d."""
+        return f"{_label(self.canonical())}-{self.run_id}"
+
+
+def _label(spec: dict[str, Any]) -> str:
+    """The readable part of a run name, from a (possibly not yet valid) spec dict."""
+    alg = spec.get("algorithm", "?")
+    parts = [f"{alg}_corrected" if alg == "grpo" and spec.get("kl_correction") is True else str(alg)]
+    if spec.get("kl") not in (None, "none"):
+        parts.append(str(spec["kl"]))
+    clip = spec.get("clip")
+    if isinstance(clip, dict):
+        parts.append(f"clip{_num(clip.get('eps_low'))}_{_num(clip.get('eps_high'))}")
+    elif clip is None and "clip" in spec and alg in RPG_ALGORITHMS:
+        parts.append("noclip")
+    parts += [str(spec[k]) for k in ("optimizer", "context") if k in spec]
+    if "seed" in spec:
+        parts.append(f"s{spec['seed']}")
+    return "-".join(parts)
+
+
+def _num(x: Any) -> str:
+    return f"{x:g}" if isinstance(x, (int, float)) and not isinstance(x, bool) else str(x)
+
+
+# ---------------------------------------------------------------------------------------------
+# Sweeps
+
+
+class SweepSpec(_Frozen):
+    """A grid of runs. `include`/`exclude` follow GitHub Actions' matrix rules (see `expand_sweep`)."""
+
+    name: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
+    base: dict[str, Any] = Field(default_factory=dict)
+    grid: dict[str, list[Any]] = Field(default_factory=dict)
+    include: list[dict[str, Any]] = Field(default_factory=list)
+    exclude: list[dict[str, Any]] = Field(default_factory=list)
+    seeds: list[int] | None = None
+    _source: str = PrivateAttr("")  # the file it came from, for error messages
+
+    @property
+    def source(self) -> str:
+        return self._source or f"sweep {self.name}"
+
+    def expand(self, backend: str | None = None) -> list[ExperimentSpec]:
+        return expand_sweep(self, backend=backend)
+
+
+def load_spec(path: str | Path) -> ExperimentSpec:
+    """One run from a YAML file (interpolations resolved)."""
+    data = _read_yaml(Path(path))
+    try:
+        return _validate(ExperimentSpec, data)
+    except SpecError as e:
+        raise e.within(source=str(path)) from None
+
+
+def load_sweep(path: str | Path) -> SweepSpec:
+    """A sweep from a YAML file; every fragment (base, grid values, include/exclude) is checked here."""
+    data = _read_yaml(Path(path))
+    try:
+        sweep = _validate(SweepSpec, data)
+        _check_fragments(sweep)
+    except SpecError as e:
+        raise e.within(source=str(path)) from None
+    sweep._source = str(path)
+    return sweep
+
+
+def expand_sweep(sweep: SweepSpec, backend: str | None = None) -> list[ExperimentSpec]:
+    """Cells of the sweep as validated specs, in grid order, identical cells (same run id) once.
+
+    Matrix rules (GitHub Actions): the grid's cartesian product; `exclude` drops every combination
+    that matches all of an entry's key/values; each `include` entry is added to every combination
+    whose grid values it does not contradict (it may add fields and overwrite what earlier includes
+    added, never a grid value), and becomes a combination of its own if it fits none. `seeds` then
+    replicates every cell. A mapping value matches when each key it gives matches (so
+    `clip: {eps_low: 0.1}` matches any clip with eps_low 0.1). `backend` overrides every cell's backend.
+    """
+    _check_fragments(sweep)
+    cells = _cells(sweep)
+    if not cells:
+        raise SpecError("removes every grid combination and nothing is included; allowed: a sweep with runs",
+                        "exclude", sweep.source)
+    specs: dict[str, ExperimentSpec] = {}
+    for index, cell in enumerate(cells, start=1):
+        data = _collapse(_merge(sweep.base, cell))
+        if backend is not None:
+            data["backend"] = backend
+        try:
+            spec = _validate(ExperimentSpec, data)
+        except SpecError as e:
+            raise e.within(source=sweep.source, where=f"cell {index} ({_label(data)})") from None
+        specs.setdefault(spec.run_id, spec)
+    return list(specs.values())
+
+
+def _cells(sweep: SweepSpec) -> list[dict[str, Any]]:
+    axes = list(sweep.grid)
+    combos = [dict(zip(axes, values)) for values in itertools.product(*sweep.grid.values())] if axes else []
+    combos = [c for c in combos if not any(_matches(c, entry) for entry in sweep.exclude)]
+    cells = [dict(c) for c in combos]
+    for entry in sweep.include:
+        fitted = False
+        for original, cell in zip(combos, cells):
+            if all(_same(original[k], v) for k, v in entry.items() if k in original):
+                cell.update({k: v for k, v in entry.items() if k not in original})
+                fitted = True
+        if not fitted:
+            cells.append(dict(entry))  # a combination of its own; later includes do not extend it
+    if not axes and not sweep.include:
+        cells = [{}]  # no grid at all: the base is the one cell
+    if sweep.seeds is not None:
+        cells = [{**cell, "seed": seed} for cell in cells for seed in sweep.seeds]
+    return cells
+
+
+def _matches(combo: dict[str, Any], entry: dict[str, Any]) -> bool:
+    return all(k in combo and _same(combo[k], v) for k, v in entry.items())
+
+
+def _same(have: Any, want: Any) -> bool:
+    if isinstance(want, dict):
+        return isinstance(have, dict) and all(k in have and _same(have[k], v) for k, v in want.items())
+    if isinstance(have, bool) or isinstance(want, bool):
+        return have is want
+    return have == want
+
+
+def _merge(base: dict[str, Any], cell: dict[str, Any]) -> dict[str, Any]:
+    """Base overlaid with a cell: mappings merge key by key, other values replace. Dotted keys
+    (`clip.c`) set one nested field and are applied last; on a field that is off they do not apply."""
+    out = copy.deepcopy(base)
+    for key, value in sorted(cell.items(), key=lambda kv: "." in kv[0]):
+        *parents, leaf = key.split(".")
+        target = out
+        for p in parents:
+            if p in target and target[p] is None:
+                break  # e.g. `clip.c` on an unclipped run: the axis collapses
+            target = target.setdefault(p, {})
+            if not isinstance(target, dict):
+                break
+        else:
+            target[leaf] = _overlay(target.get(leaf), value)
+    return out
+
+
+def _overlay(old: Any, new: Any) -> Any:
+    if isinstance(old, dict) and isinstance(new, dict):
+        return {**old, **{k: _overlay(old.get(k), v) for k, v in new.items()}}
+    return copy.deepcopy(new)
+
+
+def _collapse(data: dict[str, Any]) -> dict[str, Any]:
+    """Fields that do not apply to a cell's algorithm take their neutral value, so e.g. a kl axis
+    crossed with `grpo` yields one grpo run, not four (identical cells are merged by run id)."""
+    alg = data.get("algorithm")
+    if alg not in RPG_ALGORITHMS and "kl" in data:
+        data["kl"] = "none"
+    if alg != "grpo" and "kl_correction" in data:
+        data["kl_correction"] = False
+    if alg != "dapo":
+        data.pop("dapo", None)
+    elif "beta" in data:
+        data["beta"] = 0.0
+    return data
+
+
+# ---------------------------------------------------------------------------------------------
+# Fragment checks: each value of base/grid/include/exclude against its field's type
+
+
+def _check_fragments(sweep: SweepSpec) -> None:
+    for key, value in sweep.base.items():
+        _check_field(key, value, f"base.{key}")
+    axes = set(sweep.grid)
+    for key, values in sweep.grid.items():
+        if not values:
+            raise SpecError("empty axis; allowed: a non-empty list of values", f"grid.{key}")
+        for i, value in enumerate(values):
+            _check_field(key, value, f"grid.{key}[{i}]")
+    if sweep.seeds is not None:
+        if "seed" in axes:
+            raise SpecError("the grid already has a seed axis; allowed: seeds or grid.seed, not both", "seeds")
+        if not sweep.seeds:
+            raise SpecError("empty; allowed: a non-empty list of integers >= 0", "seeds")
+        for i, seed in enumerate(sweep.seeds):
+            _check_field("seed", seed, f"seeds[{i}]")
+    for i, entry in enumerate(sweep.include):
+        for key, value in entry.items():
+            _check_field(key, value, f"include[{i}].{key}")
+    for i, entry in enumerate(sweep.exclude):
+        for key, value in entry.items():
+            if key not in axes:
+                allowed = ", ".join(sweep.grid) or "none (the grid is empty)"
+                raise SpecError(f"not a grid axis; allowed: {allowed}", f"exclude[{i}].{key}")
+            _check_field(key, value, f"exclude[{i}].{key}")  # a mapping may be partial
+
+
+_ADAPTERS: dict[str, TypeAdapter] = {}
+
+
+def _check_field(key: str, value: Any, where: str) -> None:
+    """Validate one (possibly dotted) field alone; missing sub-fields are fine (the cell fills them)."""
+    if key not in _ADAPTERS:
+        info = _field_info(key)
+        if info is None:
+            raise SpecError(f"unknown field; allowed: {', '.join(_field_names(key))}", where)
+        annotation = info.rebuild_annotation()
+        is_model = isinstance(annotation, type) and issubclass(annotation, BaseModel)  # has its own config
+        _ADAPTERS[key] = TypeAdapter(annotation, config=None if is_model else ConfigDict(strict=True))
+    try:
+        _ADAPTERS[key].validate_python(value)
+    except ValidationError as e:
+        problems = [err for err in e.errors() if err["type"] != "missing"]
+        if problems:
+            raise _from_pydantic(problems[0], _model_at(key)).within(prefix=where) from None
+    except SpecError as e:
+        raise e.within(prefix=where) from None
+
+
+def _model_at(dotted: str) -> type[BaseModel] | None:
+    """The model whose fields a value of `dotted` holds (for listing allowed sub-fields)."""
+    info = _field_info(dotted)
+    return _model_in(info.annotation) if info is not None else None
+
+
+def _field_info(dotted: str) -> FieldInfo | None:
+    model: type[BaseModel] | None = ExperimentSpec
+    info = None
+    for part in dotted.split("."):
+        if model is None or part not in model.model_fields:
+            return None
+        info = model.model_fields[part]
+        model = _model_in(info.annotation)
+    return info
+
+
+def _field_names(dotted: str) -> list[str]:
+    parent = dotted.rpartition(".")[0]
+    model = _model_at(parent) if parent else ExperimentSpec
+    return list(model.model_fields) if model is not None else []
+
+
+def _model_in(annotation: Any) -> type[BaseModel] | None:
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        return annotation
+    for arg in getattr(annotation, "__args__", ()):
+        found = _model_in(arg)
+        if found is not None:
+            return found
+    return None
+
+
+# ---------------------------------------------------------------------------------------------
+# Validation errors -> one line
+
+
+def _validate(model: type[BaseModel], data: Any) -> Any:
+    if not isinstance(data, dict):
+        raise SpecError(f"expected a mapping of {model.__name__} fields, got {type(data).__name__}")
+    try:
+        return model.model_validate(data)
+    except ValidationError as e:
+        raise _from_pydantic(e.errors()[0], model) from None
+
+
+def _from_pydantic(err: dict[str, Any], root: type[BaseModel] | None) -> SpecError:
+    loc = tuple(err["loc"])
+    path = _loc_path(loc)
+    kind, got = err["type"], err.get("input")
+    ctx = err.get("ctx") or {}
+    if kind == "extra_forbidden":
+        owner = _owner_model(root, loc[:-1])
+        fields = ", ".join(owner.model_fields) if owner is not None else "?"
+        return SpecError(f"unknown field; allowed: {fields}", path)
+    if kind == "missing":
+        return SpecError("required field is missing", path)
+    if kind == "literal_error":
+        return SpecError(f"got {got!r}; allowed: {ctx.get('expected', '?')}", path)
+    if kind == "value_error":
+        return SpecError(str(ctx.get("error", err["msg"])), path)
+    bounds = {"greater_than": "> {gt}", "greater_than_equal": ">= {ge}", "less_than": "< {lt}",
+              "less_than_equal": "<= {le}", "too_short": "at least {min_length} item(s)",
+              "string_pattern_mismatch": "text matching {pattern}"}
+    if kind in bounds:
+        return SpecError(f"got {got!r}; allowed: {bounds[kind].format(**{k: _num(v) for k, v in ctx.items()})}", path)
+    message = err["msg"].removeprefix("Input should be ")
+    return SpecError(f"got {got!r} ({type(got).__name__}); allowed: {message}", path)
+
+
+def _owner_model(root: type[BaseModel] | None, loc: tuple) -> type[BaseModel] | None:
+    model = root
+    for part in loc:
+        if model is None:
+            return None
+        if isinstance(part, str) and part in model.model_fields:
+            model = _model_in(model.model_fields[part].annotation)
+        elif isinstance(part, str) and isinstance(model, type) and part == model.__name__:
+            continue  # pydantic names the union member it tried
+    return model
+
+
+def _loc_path(loc: tuple) -> str:
+    path = ""
+    for part in loc:
+        if isinstance(part, int):
+            path += f"[{part}]"
+        elif part in ("Clip", "Every") or part.startswith(("literal[", "function-")):
+            continue  # union-member tags, not fields
+        else:
+            path = _join_path(path, part)
+    return path
+
+
+def _join_path(prefix: str, path: str) -> str:
+    if not prefix or not path:
+        return prefix or path
+    return prefix + path if path.startswith("[") else f"{prefix}.{path}"
+
+
+# ---------------------------------------------------------------------------------------------
+# YAML
+
+
+def _read_yaml(path: Path) -> Any:
+    try:
+        text = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise SpecError("no such file; pass the path of a spec YAML (the paper's are in experiments/)",
+                        source=str(path)) from None
+    except OSError as e:
+        raise SpecError(f"cannot read: {e.strerror}", source=str(path)) from None
+    import yaml
+
+    try:
+        data = yaml.load(text, Loader=_loader())
+    except yaml.YAMLError as e:
+        mark = getattr(e, "problem_mark", None)
+        where = f"line {mark.line + 1}: " if mark is not None else ""
+        problem = getattr(e, "problem", None) or str(e).splitlines()[0]
+        raise SpecError(f"{where}invalid YAML ({problem})", source=str(path)) from None
+    if "${" in text:  # omegaconf is slow to import; only files that interpolate pay for it
+        data = _resolve_interpolations(data, path)
+    return data
+
+
+def _resolve_interpolations(data: Any, path: Path) -> Any:
+    from omegaconf import OmegaConf
+    from omegaconf.errors import OmegaConfBaseException
+
+    try:
+        return OmegaConf.to_container(OmegaConf.create(data), resolve=True)
+    except OmegaConfBaseException as e:
+        key = getattr(e, "full_key", "") or ""
+        raise SpecError(f"interpolation failed: {str(e).splitlines()[0]}", str(key), str(path)) from None
+
+
+_LOADER: type | None = None
+
+
+def _loader() -> type:
+    """PyYAML's safe loader that also reads `1e-4` as a float (YAML 1.1 wants `1.0e-4`), as omegaconf does."""
+    global _LOADER
+    if _LOADER is None:
+        import yaml
+
+        base = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+        _LOADER = type("SpecLoader", (base,), {})
+        _LOADER.add_implicit_resolver(
+            "tag:yaml.org,2002:float",
+            re.compile(r"^[-+]?(?:[0-9][0-9_]*(?:\.[0-9_]*)?|\.[0-9_]+)[eE][-+]?[0-9]+$"),
+            list("-+0123456789."),
+        )
+    return _LOADER

@@ -1,0 +1,502 @@
+"""ExperimentSpec / SweepSpec: validation messages, canonical run ids, grid expansion, run plans."""
+
+from __future__ import annotations
+
+import itertools
+import json
+import os
+import subprocess
+import sys
+import textwrap
+import types
+from pathlib import Path
+
+import pytest
+
+from rpg_cli.plan import RunPlan, known_states, plan_sweep, run_action, sqlite_file, write_spec
+from rpg_cli.spec import (
+    CONTEXT_LENGTHS,
+    ExperimentSpec,
+    SpecError,
+    SweepSpec,
+    expand_sweep,
+    load_spec,
+    load_sweep,
+)
+
+REPO = Path(__file__).resolve().parents[1]
+EXPERIMENTS = REPO / "experiments"
+
+SPEC_YAML = """\
+algorithm: rpg_reinforce
+kl: urkl
+beta: 1.0e-4
+clip: {eps_low: 0.2, eps_high: 0.28}
+optimizer: adamw
+context: 4k
+model: Qwen/Qwen3-4B
+data: {train_files: [data/dapo-math-17k.parquet], val_files: [data/aime-2025.parquet]}
+train_batch_size: 512
+rollout_n: 16
+ppo_mini_batch_size: 32
+lr: 5.0e-7
+steps: 400
+seed: 0
+save_every: 50
+backend: verl
+resources: {gpus_per_node: 8, cpus: 8}
+"""
+
+
+def spec_dict(**changes) -> dict:
+    import yaml
+
+    data = yaml.safe_load(SPEC_YAML)
+    data["beta"], data["lr"] = 1e-4, 5e-7  # PyYAML alone would read these as floats too (they have a dot)
+    data.update(changes)
+    return data
+
+
+def write(tmp_path: Path, text: str, name: str = "spec.yaml") -> Path:
+    path = tmp_path / name
+    path.write_text(textwrap.dedent(text))
+    return path
+
+
+def sweep_yaml(grid: str = "", extra: str = "", base_changes: str = "") -> str:
+    base = textwrap.indent(SPEC_YAML + base_changes, "  ")
+    return f"name: t\nbase:\n{base}\n{grid}\n{extra}\n"
+
+
+def spec_error(fn, *args) -> str:
+    with pytest.raises(SpecError) as info:
+        fn(*args)
+    message = str(info.value)
+    assert "\n" not in message, "SpecError messages are one line"
+    return message
+
+
+# ---------------------------------------------------------------------------------------------
+# canonical run ids
+
+
+def test_run_id_is_a_literal_stable_hash(tmp_path):
+    spec = load_spec(write(tmp_path, SPEC_YAML))
+    # A fixed spec must keep its id forever (stored runs and Ray submission ids depend on it).
+    assert spec.run_id == "4aa9a91b"
+    assert spec.run_name == "rpg_reinforce-urkl-clip0.2_0.28-adamw-4k-s0-4aa9a91b"
+
+
+def test_run_id_is_the_sha256_of_the_sorted_compact_json():
+    import hashlib
+
+    spec = ExperimentSpec.model_validate(spec_dict())
+    text = spec.canonical_json()
+    assert text == json.dumps(json.loads(text), sort_keys=True, separators=(",", ":"))
+    assert spec.run_id == hashlib.sha256(text.encode()).hexdigest()[:8]
+    assert json.loads(text)["weight_decay"] == 0.01  # defaults are part of the canonical spec
+
+
+def test_float_spelling_does_not_change_the_id(tmp_path):
+    a = load_spec(write(tmp_path, SPEC_YAML.replace("beta: 1.0e-4", "beta: 1e-4"), "a.yaml"))
+    b = load_spec(write(tmp_path, SPEC_YAML.replace("beta: 1.0e-4", "beta: 0.0001"), "b.yaml"))
+    c = load_spec(write(tmp_path, SPEC_YAML.replace("lr: 5.0e-7", "lr: 0.0000005"), "c.yaml"))
+    assert a.beta == b.beta == 1e-4 and isinstance(a.beta, float)
+    assert a.run_id == b.run_id == c.run_id
+    d = load_spec(write(tmp_path, SPEC_YAML.replace("beta: 1.0e-4", "beta: 2e-4"), "d.yaml"))
+    assert d.run_id != a.run_id
+
+
+def test_int_and_float_spelling_and_explicit_defaults_give_the_same_id():
+    a = ExperimentSpec.model_validate(spec_dict(entropy_coeff=0, weight_decay=0.01))
+    b = ExperimentSpec.model_validate(spec_dict())
+    assert a.run_id == b.run_id
+
+
+def test_id_does_not_depend_on_key_order():
+    data = spec_dict(val={"n": 32, "every": 5, "temperature": 1.0, "top_p": 0.7})
+    shuffled = {k: data[k] for k in reversed(list(data))}
+    shuffled["val"] = {k: data["val"][k] for k in reversed(list(data["val"]))}
+    shuffled["clip"] = {"eps_high": 0.28, "eps_low": 0.2}
+    assert list(shuffled) != list(data)
+    assert ExperimentSpec.model_validate(shuffled).run_id == ExperimentSpec.model_validate(data).run_id
+
+
+def test_id_is_the_same_in_another_interpreter_with_another_hash_seed(tmp_path):
+    path = write(tmp_path, SPEC_YAML)
+    code = f"from rpg_cli.spec import load_spec; print(load_spec({str(path)!r}).run_id)"
+    env = {**os.environ, "PYTHONHASHSEED": "12345"}
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == load_spec(path).run_id
+
+
+def test_every_field_takes_part_in_the_id():
+    base = ExperimentSpec.model_validate(spec_dict())
+    for change in ({"seed": 1}, {"optimizer": "schedule_free"}, {"reference": {"every": 10}},
+                   {"clip": {"eps_low": 0.2, "eps_high": 0.28, "c": 3.0}}, {"backend": "local"}):
+        assert ExperimentSpec.model_validate(spec_dict(**change)).run_id != base.run_id, change
+
+
+# ---------------------------------------------------------------------------------------------
+# derived properties
+
+
+@pytest.mark.parametrize(
+    "changes, loss, estimator",
+    [
+        ({}, "rpg_reinforce_urkl", "rpg"),
+        ({"algorithm": "rpg", "kl": "fkl"}, "rpg_fkl", "rpg"),
+        ({"algorithm": "grpo", "kl": "none"}, "grpo", "grpo"),
+        ({"algorithm": "grpo", "kl": "none", "kl_correction": True}, "grpo_corrected", "grpo"),
+        ({"algorithm": "dapo", "kl": "none", "beta": 0.0}, "ppo", "grpo"),
+        ({"algorithm": "reinforce_pp", "kl": "none"}, "ppo", "reinforce_pp"),
+        ({"algorithm": "reinforce_pp_baseline", "kl": "none"}, "ppo", "reinforce_pp_baseline"),
+    ],
+)
+def test_loss_name_and_advantage_estimator(changes, loss, estimator):
+    spec = ExperimentSpec.model_validate(spec_dict(**changes))
+    assert (spec.loss_name, spec.advantage_estimator) == (loss, estimator)
+
+
+def test_context_lengths_and_dapo_defaults():
+    spec = ExperimentSpec.model_validate(spec_dict(context="8k"))
+    assert (spec.max_prompt_length, spec.max_response_length) == CONTEXT_LENGTHS["8k"]
+    assert spec.max_response_length == 8192
+    dapo = ExperimentSpec.model_validate(spec_dict(algorithm="dapo", kl="none", beta=0))
+    assert dapo.dapo is not None and dapo.canonical()["dapo"]["overlong_buffer"] == 512
+
+
+def test_clip_off_and_every_reference(tmp_path):
+    text = SPEC_YAML.replace("clip: {eps_low: 0.2, eps_high: 0.28}", "clip: off") + "reference: {every: 10}\n"
+    spec = load_spec(write(tmp_path, text))
+    assert spec.clip is None and spec.reference.every == 10
+    assert "noclip" in spec.run_name
+
+
+def test_spec_is_frozen():
+    spec = ExperimentSpec.model_validate(spec_dict())
+    with pytest.raises(Exception):
+        spec.lr = 1.0  # type: ignore[misc]
+
+
+# ---------------------------------------------------------------------------------------------
+# validation errors: file, field path, what is allowed
+
+
+def test_unknown_field(tmp_path):
+    path = write(tmp_path, SPEC_YAML + "learning_rate: 1e-6\n")
+    message = spec_error(load_spec, path)
+    assert message.startswith(f"{path}: learning_rate: unknown field; allowed: algorithm, kl,")
+    assert "lr" in message.split("allowed:")[1]
+
+
+def test_unknown_nested_field(tmp_path):
+    path = write(tmp_path, SPEC_YAML.replace("eps_high: 0.28}", "eps_high: 0.28, cc: 3}"))
+    message = spec_error(load_spec, path)
+    assert "clip.cc: unknown field; allowed: eps_low, eps_high, c, clipped_weight_in_sg" in message
+
+
+@pytest.mark.parametrize(
+    "old, new, path, allowed",
+    [
+        ("rollout_n: 16", 'rollout_n: "16"', "rollout_n", "integer"),
+        ("rollout_n: 16", "rollout_n: 1.5", "rollout_n", "integer"),
+        ("optimizer: adamw", "optimizer: sgd", "optimizer", "'adamw' or 'schedule_free'"),
+        ("context: 4k", "context: 16k", "context", "'2k', '4k' or '8k'"),
+        ("seed: 0", "seed: [0, 1]", "seed", "integer"),
+        ("train_files: [data/dapo-math-17k.parquet]", "train_files: data/x.parquet", "data.train_files", "list"),
+    ],
+)
+def test_wrong_type(tmp_path, old, new, path, allowed):
+    file = write(tmp_path, SPEC_YAML.replace(old, new))
+    message = spec_error(load_spec, file)
+    assert message.startswith(f"{file}: {path}: got ")
+    assert allowed in message.split("allowed:")[1]
+
+
+@pytest.mark.parametrize(
+    "changes, path, allowed",
+    [
+        ({"algorithm": "grpo"}, "kl", "allowed: none"),  # grpo has no KL variant
+        ({"algorithm": "rpg", "kl": "none"}, "kl", "allowed: fkl, rkl, ufkl, urkl"),
+        ({"algorithm": "dapo", "kl": "none"}, "beta", "allowed: 0"),
+        ({"algorithm": "rpg", "kl_correction": True}, "kl_correction", "allowed: false"),
+        ({"algorithm": "reinforce_pp", "kl": "none", "clip": None}, "clip", "off only for rpg, rpg_reinforce"),
+        ({"dapo": {"dynamic_sampling": True}}, "dapo", "allowed: null"),
+        ({"ppo_mini_batch_size": 48}, "ppo_mini_batch_size", "divisor of train_batch_size"),
+    ],
+)
+def test_invalid_combinations(changes, path, allowed):
+    with pytest.raises(SpecError) as info:
+        ExperimentSpec.model_validate(spec_dict(**changes))
+    assert info.value.path == path
+    assert allowed in info.value.reason
+
+
+def test_eps_must_be_positive_and_c_above_one(tmp_path):
+    path = write(tmp_path, SPEC_YAML.replace("eps_low: 0.2", "eps_low: 0"))
+    assert "clip.eps_low: got 0; allowed: > 0" in spec_error(load_spec, path)
+    path = write(tmp_path, SPEC_YAML.replace("eps_high: 0.28}", "eps_high: -0.1}"))
+    assert "clip.eps_high: got -0.1; allowed: > 0" in spec_error(load_spec, path)
+    path = write(tmp_path, SPEC_YAML.replace("eps_high: 0.28}", "eps_high: 0.28, c: 1.0}"))
+    assert "clip.c: got 1.0; allowed: > 1" in spec_error(load_spec, path)
+
+
+def test_context_must_fit_the_model(tmp_path):
+    path = write(tmp_path, SPEC_YAML + "model_max_length: 4096\n")  # 4k = 1024 prompt + 4096 response
+    message = spec_error(load_spec, path)
+    assert message.startswith(f"{path}: context: 4k needs 1024+4096 tokens")
+    assert message.endswith("allowed: 2k")
+    ok = load_spec(write(tmp_path, SPEC_YAML + "model_max_length: 5120\n", "ok.yaml"))
+    assert ok.model_max_length == 5120
+
+
+def test_bad_reference(tmp_path):
+    path = write(tmp_path, SPEC_YAML + "reference: {every: 0}\n")
+    assert "reference: got {'every': 0}; allowed: iterative, frozen, or {every: K}" in spec_error(load_spec, path)
+
+
+def test_missing_file_and_broken_yaml(tmp_path):
+    assert spec_error(load_spec, tmp_path / "nope.yaml").endswith("no such file; pass the path of a spec YAML "
+                                                                  "(the paper's are in experiments/)")
+    path = write(tmp_path, "algorithm: [rpg\nkl: urkl\n")
+    message = spec_error(load_spec, path)
+    assert message.startswith(f"{path}: line ") and "invalid YAML" in message
+
+
+# ---------------------------------------------------------------------------------------------
+# sweeps: errors located in the file
+
+
+def test_sweep_error_in_a_grid_value_names_its_index(tmp_path):
+    grid = "grid:\n  clip:\n    - {eps_low: 0.2, eps_high: 0.28}\n    - {eps_low: -0.1, eps_high: 0.1}\n"
+    path = write(tmp_path, sweep_yaml(grid))
+    assert spec_error(load_sweep, path) == f"{path}: grid.clip[1].eps_low: got -0.1; allowed: > 0"
+
+
+def test_sweep_error_in_base_include_exclude_and_top_level(tmp_path):
+    path = write(tmp_path, sweep_yaml(base_changes="lr: -1\n"), "a.yaml")
+    assert "base.lr: got -1; allowed: > 0" in spec_error(load_sweep, path)
+    path = write(tmp_path, sweep_yaml("grid:\n  optimizer: [adamw]\n", "include:\n  - {optimiser: sgd}\n"), "b.yaml")
+    assert "include[0].optimiser: unknown field; allowed: algorithm," in spec_error(load_sweep, path)
+    path = write(tmp_path, sweep_yaml("grid:\n  optimizer: [adamw]\n", "exclude:\n  - {seed: 0}\n"), "c.yaml")
+    assert spec_error(load_sweep, path).endswith("exclude[0].seed: not a grid axis; allowed: optimizer")
+    path = write(tmp_path, sweep_yaml("grids:\n  optimizer: [adamw]\n"), "d.yaml")
+    assert spec_error(load_sweep, path) == (
+        f"{path}: grids: unknown field; allowed: name, base, grid, include, exclude, seeds")
+    path = write(tmp_path, sweep_yaml("grid:\n  optimizer: []\n"), "e.yaml")
+    assert "grid.optimizer: empty axis" in spec_error(load_sweep, path)
+
+
+def test_cell_errors_name_the_cell(tmp_path):
+    grid = "grid:\n  algorithm: [grpo, rpg]\n  context: [2k, 8k]\n"
+    path = write(tmp_path, sweep_yaml(grid, base_changes="model_max_length: 4096\n").replace("  kl: urkl\n", ""))
+    message = spec_error(lambda p: load_sweep(p).expand(), path)
+    # cell 1 (grpo, 2k) is fine; cell 2 is grpo at 8k, which does not fit 4096 tokens
+    assert message.startswith(f"{path}: cell 2 (grpo-clip0.2_0.28-adamw-8k-s0) context: 8k needs 1024+8192")
+    path = write(tmp_path, sweep_yaml("grid:\n  algorithm: [grpo, rpg]\n").replace("  kl: urkl\n", ""), "b.yaml")
+    assert spec_error(lambda p: load_sweep(p).expand(), path) == (
+        f"{path}: cell 2 (rpg-clip0.2_0.28-adamw-4k-s0) kl: rpg needs a KL variant; allowed: fkl, rkl, ufkl, urkl")
+
+
+# ---------------------------------------------------------------------------------------------
+# expansion
+
+
+def sweep(grid: dict | None = None, **fields) -> SweepSpec:
+    return SweepSpec.model_validate({"name": "t", "base": spec_dict(), "grid": grid or {}, **fields})
+
+
+def cells(s: SweepSpec) -> list[tuple]:
+    return [(x.algorithm, x.kl, x.clip and (x.clip.eps_low, x.clip.eps_high, x.clip.c), x.optimizer, x.seed)
+            for x in s.expand()]
+
+
+def test_no_grid_is_one_run():
+    assert len(sweep().expand()) == 1
+
+
+def test_product_and_kl_collapse_for_baselines():
+    s = sweep({"algorithm": ["grpo", "dapo", "reinforce_pp", "rpg"], "kl": ["fkl", "urkl"],
+               "optimizer": ["adamw", "schedule_free"]})
+    got = cells(s)
+    # the kl axis multiplies only rpg: 3 baselines x 2 optimizers + rpg x 2 kl x 2 optimizers
+    assert len(got) == 3 * 2 + 2 * 2
+    assert {c[1] for c in got if c[0] != "rpg"} == {"none"}
+    assert [x.beta for x in s.expand() if x.algorithm == "dapo"] == [0.0, 0.0]  # dapo's beta collapses to 0
+
+
+def test_clip_subfields_collapse_for_unclipped_runs():
+    s = sweep({"clip": [{"eps_low": 0.2, "eps_high": 0.28}, "off"], "clip.c": [3.0, 10.0]})
+    got = cells(s)
+    assert sorted(got, key=str) == sorted([
+        ("rpg_reinforce", "urkl", (0.2, 0.28, 3.0), "adamw", 0),
+        ("rpg_reinforce", "urkl", (0.2, 0.28, 10.0), "adamw", 0),
+        ("rpg_reinforce", "urkl", None, "adamw", 0),
+    ], key=str)
+
+
+def test_identical_cells_are_merged():
+    assert len(sweep({"optimizer": ["adamw", "adamw"], "lr": [5e-7, 0.0000005]}).expand()) == 1
+
+
+def test_exclude_drops_matching_combinations_including_partial_mappings():
+    s = sweep(
+        {"kl": ["fkl", "urkl"], "clip": [{"eps_low": 0.2, "eps_high": 0.28}, {"eps_low": 0.1, "eps_high": 0.1}]},
+        exclude=[{"kl": "fkl", "clip": {"eps_low": 0.1}}],
+    )
+    assert sorted((k, c[0]) for _, k, c, _, _ in cells(s)) == [("fkl", 0.2), ("urkl", 0.1), ("urkl", 0.2)]
+
+
+def test_include_extends_matching_cells_and_otherwise_adds_a_cell():
+    s = sweep(
+        {"kl": ["fkl", "urkl"], "optimizer": ["adamw", "schedule_free"]},
+        include=[
+            {"kl": "urkl", "lr": 1e-6},  # added to both urkl cells
+            {"kl": "urkl", "optimizer": "adamw", "lr": 2e-6},  # overwrites the added lr of one cell
+            {"algorithm": "grpo", "kl": "fkl", "beta": 1e-3},  # algorithm is not an axis: added to fkl cells
+            {"kl": "rkl", "optimizer": "adamw"},  # contradicts every cell's kl: a cell of its own
+        ],
+    )
+    by_key = {(x.kl, x.optimizer, x.algorithm): x for x in s.expand()}
+    assert by_key[("urkl", "adamw", "rpg_reinforce")].lr == 2e-6
+    assert by_key[("urkl", "schedule_free", "rpg_reinforce")].lr == 1e-6
+    # grpo was added to the fkl cells, whose kl then collapses to none
+    assert by_key[("none", "adamw", "grpo")].beta == 1e-3 and ("none", "schedule_free", "grpo") in by_key
+    assert by_key[("rkl", "adamw", "rpg_reinforce")].lr == 5e-7  # the new cell is base + entry only
+    assert len(by_key) == 5
+
+
+def test_include_never_overwrites_a_grid_value():
+    s = sweep({"optimizer": ["adamw"]}, include=[{"optimizer": "schedule_free", "seed": 7}])
+    assert sorted((x.optimizer, x.seed) for x in s.expand()) == [("adamw", 0), ("schedule_free", 7)]
+
+
+def test_seeds_replicate_every_cell_and_conflict_with_a_seed_axis():
+    s = sweep({"kl": ["fkl", "urkl"]}, include=[{"algorithm": "grpo", "kl": "rkl"}], seeds=[0, 1, 2])
+    got = cells(s)
+    assert len(got) == 3 * 3 and sorted({c[4] for c in got}) == [0, 1, 2]
+    with pytest.raises(SpecError, match="seeds: the grid already has a seed axis"):
+        sweep({"seed": [0, 1]}, seeds=[0]).expand()
+
+
+def test_backend_override_and_dotted_keys():
+    s = sweep({"rollout.temperature": [0.6, 1.0]})
+    specs = expand_sweep(s, backend="local")
+    assert [x.rollout.temperature for x in specs] == [0.6, 1.0]
+    assert {x.backend for x in specs} == {"local"}
+
+
+def test_interpolation_is_resolved(tmp_path):
+    text = sweep_yaml("grid:\n  optimizer: [adamw]\n").replace("save_every: 50", "save_every: ${base.steps}")
+    specs = load_sweep(write(tmp_path, text)).expand()
+    assert specs[0].save_every == 400
+
+
+# ---------------------------------------------------------------------------------------------
+# the shipped grids
+
+
+def combos(specs) -> set[tuple]:
+    return {(x.algorithm, x.kl, (x.clip.eps_low, x.clip.eps_high) if x.clip else None, x.optimizer, x.context)
+            for x in specs}
+
+
+def test_paper_qwen25_7b_instruct_grid():
+    specs = load_sweep(EXPERIMENTS / "paper-qwen25-7b-instruct.yaml").expand()
+    assert len(specs) == 32
+    opts, kls = ("adamw", "schedule_free"), ("fkl", "rkl", "ufkl", "urkl")
+    baseline_clip = {"grpo": (0.2, 0.2), "dapo": (0.2, 0.28), "reinforce_pp": (0.2, 0.2),
+                     "reinforce_pp_baseline": (0.2, 0.2)}
+    expected = {(a, "none", baseline_clip[a], o, "2k") for a in baseline_clip for o in opts}
+    expected |= {("rpg", k, (0.2, 0.28), o, "2k") for k, o in itertools.product(kls, opts)}
+    expected |= {("rpg_reinforce", k, c, o, "2k")
+                 for k, c, o in itertools.product(kls, [(0.2, 0.28), (0.1, 0.1)], opts)}
+    assert combos(specs) == expected
+    for x in specs:
+        assert x.model == "Qwen/Qwen2.5-7B-Instruct" and x.backend == "verl" and x.steps == 400
+        assert (x.train_batch_size, x.rollout_n, x.ppo_mini_batch_size) == (512, 16, 32)
+        assert x.lr == (5e-7 if x.algorithm == "rpg_reinforce" else 1e-6)
+        assert x.beta == {"grpo": 1e-3, "dapo": 0.0, "reinforce_pp": 1e-3, "reinforce_pp_baseline": 1e-3}.get(
+            x.algorithm, 1e-4)
+        assert x.resources.nodes * x.resources.gpus_per_node == 8
+        assert x.data.train_files == ["data/dapo-math-17k.parquet"]
+        assert x.data.val_files == ["data/aime-2024.parquet", "data/aime-2025.parquet", "data/amc-2023.parquet"]
+    assert len({x.run_name for x in specs}) == 32
+
+
+def test_paper_qwen3_4b_grid():
+    specs = load_sweep(EXPERIMENTS / "paper-qwen3-4b.yaml").expand()
+    assert len(specs) == 20
+    core = [("grpo", "none", (0.2, 0.2)), ("dapo", "none", (0.2, 0.28))]
+    core += [(a, k, (0.2, 0.28)) for a in ("rpg", "rpg_reinforce") for k in ("ufkl", "urkl")]
+    expected = {(a, k, c, "adamw", ctx) for a, k, c in core for ctx in ("2k", "4k", "8k")}
+    expected |= {(a, "none", (0.2, 0.2), "adamw", "4k") for a in ("reinforce_pp", "reinforce_pp_baseline")}
+    assert combos(specs) == expected
+    per_context = {ctx: sum(x.context == ctx for x in specs) for ctx in ("2k", "4k", "8k")}
+    assert per_context == {"2k": 6, "4k": 8, "8k": 6}
+    assert all(x.model == "Qwen/Qwen3-4B" and x.max_prompt_length + x.max_response_length <= x.model_max_length
+               for x in specs)
+
+
+def test_smoke_grid_runs_every_algorithm_locally():
+    specs = load_sweep(EXPERIMENTS / "smoke.yaml").expand()
+    assert sorted(x.algorithm for x in specs) == sorted(
+        ["grpo", "dapo", "reinforce_pp", "reinforce_pp_baseline", "rpg", "rpg_reinforce"])
+    assert {x.backend for x in specs} == {"local"} and len({x.optimizer for x in specs}) == 1
+    assert {x.seed for x in specs} == {0} and {x.model for x in specs} == {"data/toy/model"}
+    assert {x.resources.gpus_per_node for x in specs} == {0}
+    assert specs[0].data.train_files == ["data/toy/train.parquet"]
+
+
+# ---------------------------------------------------------------------------------------------
+# run plans
+
+
+def test_plan_sweep_entrypoints_resources_and_paths(tmp_path):
+    s = load_sweep(EXPERIMENTS / "paper-qwen25-7b-instruct.yaml")
+    plans = plan_sweep(s, tmp_path / "runs")
+    assert len(plans) == 32 and all(isinstance(p, RunPlan) for p in plans)
+    p = plans[0]
+    assert p.run_dir == (tmp_path / "runs" / "paper-qwen25-7b-instruct" / p.name) and p.run_dir.is_absolute()
+    assert p.entrypoint == ["python", "-m", "rpg_cli.backends.verl", "--spec", str(p.run_dir / "spec.json")]
+    assert (p.num_gpus, p.num_cpus, p.backend, p.sweep) == (8.0, 8.0, "verl", "paper-qwen25-7b-instruct")
+    assert p.id == p.name[-8:] and p.spec["algorithm"] == p.name.split("-")[0]
+    local = plan_sweep(s, Path("runs"), backend="local")[0]
+    assert local.entrypoint[:3] == ["python", "-m", "rpg_cli.backends.local"]
+    assert Path(local.entrypoint[-1]).is_absolute() and local.backend == "local" and local.id != p.id
+    assert list(tmp_path.iterdir()) == []  # planning writes nothing
+
+
+def test_write_spec_is_atomic_and_round_trips(tmp_path):
+    plan = plan_sweep(load_sweep(EXPERIMENTS / "smoke.yaml"), tmp_path)[0]
+    path = write_spec(plan)
+    assert path == plan.run_dir / "spec.json" and json.loads(path.read_text()) == plan.spec
+    assert sorted(q.name for q in plan.run_dir.iterdir()) == ["spec.json"]  # no temp file left
+    assert ExperimentSpec.model_validate(json.loads(path.read_text())).run_id == plan.id
+
+
+def test_run_action():
+    assert [run_action(s) for s in ("new", "pending", "running", "succeeded", "failed", "stopped")] == [
+        "submit", "attach", "attach", "done", "skip", "skip"]
+    assert run_action("failed", retry_failed=True) == "submit"
+
+
+def test_known_states_reads_the_store_only_when_the_database_exists(tmp_path, monkeypatch):
+    calls = []
+    fake = types.ModuleType("rpg_cli.store")
+    fake.run_states = lambda url, ids: calls.append(url) or {ids[0]: "succeeded"}
+    monkeypatch.setitem(sys.modules, "rpg_cli.store", fake)
+    db = tmp_path / "results.db"
+    url = f"sqlite:///{db}"
+    assert sqlite_file(url) == db and sqlite_file("postgresql://h/db") is None
+    assert known_states(url, ["a", "b"]) == {"a": "new", "b": "new"}
+    assert calls == [] and not db.exists()
+    db.touch()
+    assert known_states(url, ["a", "b"]) == {"a": "succeeded", "b": "new"}
+    assert calls == [url]
+
+
+def test_a_sweep_without_runs_is_an_error():
+    with pytest.raises(SpecError, match="exclude: removes every grid combination"):
+        sweep({"optimizer": ["adamw"]}, exclude=[{"optimizer": "adamw"}]).expand()

@@ -1,0 +1,151 @@
+"""`rpg sweep SPEC --dry-run`: the plan as a table or JSON, states from the store, and nothing written."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import types
+from collections import Counter
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from rpg_cli.cli import app
+
+REPO = Path(__file__).resolve().parents[1]
+EXPERIMENTS = REPO / "experiments"
+
+
+def rpg(*args: str, cwd: Path) -> subprocess.CompletedProcess:
+    """The real command line, in a fresh interpreter, from `cwd`."""
+    env = {**os.environ, "COLUMNS": "250"}
+    return subprocess.run([sys.executable, "-m", "rpg_cli", *args], cwd=cwd, env=env, capture_output=True,
+                          text=True, timeout=120)
+
+
+def snapshot(root: Path) -> dict[str, tuple[int, int]]:
+    return {str(p.relative_to(root)): (p.stat().st_size, p.stat().st_mtime_ns) for p in root.rglob("*")}
+
+
+@pytest.fixture
+def workdir(tmp_path: Path) -> Path:
+    """A directory holding copies of the shipped sweeps, used as the working directory."""
+    shutil.copytree(EXPERIMENTS, tmp_path / "experiments")
+    return tmp_path
+
+
+def test_dry_run_table_lists_the_32_runs_and_writes_nothing(workdir):
+    before = snapshot(workdir)
+    result = rpg("sweep", "experiments/paper-qwen25-7b-instruct.yaml", "--dry-run", cwd=workdir)
+    assert result.returncode == 0, result.stderr
+    assert snapshot(workdir) == before  # no runs/, no results.db, nothing touched
+    rows = [line for line in result.stdout.splitlines() if line.startswith("│")]
+    assert len(rows) == 32
+    assert sum("rpg_reinforce" in r and "0.1/0.1" in r for r in rows) == 8
+    assert all(r.rstrip().rstrip("│").rstrip().endswith("new") for r in rows)
+    header = next(line for line in result.stdout.splitlines() if "algorithm" in line)
+    for column in ("name", "id", "kl", "clip", "optimizer", "context", "seed", "state"):
+        assert column in header
+    assert "32 runs: 32 to submit (256 GPUs)" in result.stdout
+
+
+def test_dry_run_json_shape_for_the_qwen3_grid(workdir):
+    before = snapshot(workdir)
+    result = rpg("sweep", "experiments/paper-qwen3-4b.yaml", "--dry-run", "--format", "json",
+                 "--runs-dir", "elsewhere", cwd=workdir)
+    assert result.returncode == 0, result.stderr
+    assert snapshot(workdir) == before
+    runs = json.loads(result.stdout)
+    assert len(runs) == 20
+    assert all(set(r) == {"id", "name", "spec", "state", "entrypoint"} for r in runs)
+    assert Counter(r["spec"]["context"] for r in runs) == {"2k": 6, "4k": 8, "8k": 6}
+    assert {r["spec"]["algorithm"] for r in runs if r["spec"]["context"] == "8k"} == {
+        "grpo", "dapo", "rpg", "rpg_reinforce"}
+    assert len({r["id"] for r in runs}) == 20 and all(r["state"] == "new" for r in runs)
+    for r in runs:
+        assert r["name"].endswith(r["id"]) and len(r["id"]) == 8
+        ep = r["entrypoint"]
+        assert all(isinstance(a, str) for a in ep)
+        assert ep[:4] == ["python", "-m", "rpg_cli.backends.verl", "--spec"]
+        assert ep[4] == str(workdir / "elsewhere" / "paper-qwen3-4b" / r["name"] / "spec.json")
+
+
+def test_json_spec_is_the_canonical_spec(workdir):
+    from rpg_cli.spec import ExperimentSpec
+
+    result = CliRunner().invoke(app, ["sweep", str(workdir / "experiments/smoke.yaml"), "--dry-run",
+                                      "--format", "json", "--backend", "verl"])
+    assert result.exit_code == 0, result.output
+    runs = json.loads(result.stdout)
+    assert len(runs) == 6
+    for r in runs:
+        spec = ExperimentSpec.model_validate(r["spec"])
+        assert spec.run_id == r["id"] and spec.backend == "verl"  # --backend overrides the spec's
+        assert r["entrypoint"][2] == "rpg_cli.backends.verl"
+
+
+def test_spec_error_is_one_line_on_stderr_with_exit_2(tmp_path):
+    text = (EXPERIMENTS / "paper-qwen3-4b.yaml").read_text().replace("lr: 1.0e-6", "lr: 0", 1)
+    path = tmp_path / "bad.yaml"
+    path.write_text(text)
+    result = rpg("sweep", str(path), "--dry-run", cwd=tmp_path)
+    assert result.returncode == 2 and result.stdout == ""
+    lines = result.stderr.strip().splitlines()
+    assert lines == [f"rpg sweep: {path}: base.lr: got 0; allowed: > 0"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["bad.yaml"]
+
+
+def test_missing_spec_and_bad_format_are_usage_errors(tmp_path):
+    result = CliRunner().invoke(app, ["sweep", str(tmp_path / "nope.yaml"), "--dry-run"])
+    assert result.exit_code == 2 and "no such file" in result.stderr
+    result = CliRunner().invoke(app, ["sweep", str(EXPERIMENTS / "smoke.yaml"), "--dry-run", "--format", "csv"])
+    assert result.exit_code == 2 and "allowed: table, json" in result.output + result.stderr
+
+
+def test_states_come_from_the_store_when_the_database_exists(tmp_path, monkeypatch):
+    from rpg_cli.plan import plan_sweep
+    from rpg_cli.spec import load_sweep
+
+    plans = plan_sweep(load_sweep(EXPERIMENTS / "smoke.yaml"), tmp_path / "runs")
+    recorded = {plans[0].id: "succeeded", plans[1].id: "failed", plans[2].id: "running"}
+    seen = {}
+
+    def run_states(db_url: str, ids: list[str]) -> dict[str, str]:
+        seen["url"], seen["ids"] = db_url, ids
+        return {i: s for i, s in recorded.items() if i in ids}
+
+    monkeypatch.setitem(sys.modules, "rpg_cli.store", types.SimpleNamespace(run_states=run_states))
+    db = tmp_path / "results.db"
+    url = f"sqlite:///{db}"
+    args = ["sweep", str(EXPERIMENTS / "smoke.yaml"), "--dry-run", "--db", url, "--runs-dir", str(tmp_path / "runs")]
+
+    result = CliRunner().invoke(app, [*args, "--format", "json"])
+    assert {r["state"] for r in json.loads(result.stdout)} == {"new"} and not seen  # no database: not read
+
+    db.touch()
+    result = CliRunner().invoke(app, [*args, "--format", "json"])
+    states = {r["id"]: r["state"] for r in json.loads(result.stdout)}
+    assert seen == {"url": url, "ids": [p.id for p in plans]}
+    assert states == {p.id: recorded.get(p.id, "new") for p in plans}
+
+    result = CliRunner().invoke(app, args, env={"COLUMNS": "250"})
+    assert result.exit_code == 0
+    assert "6 runs: 3 to submit" in result.stdout and "1 live to re-attach, 1 succeeded, 1 failed/stopped skipped" \
+        in result.stdout and "--retry-failed" in result.stdout
+    result = CliRunner().invoke(app, [*args, "--retry-failed"], env={"COLUMNS": "250"})
+    assert "6 runs: 4 to submit" in result.stdout
+
+
+def test_dry_run_imports_no_heavy_package(workdir):
+    code = (
+        "import sys, runpy; sys.argv = ['rpg', 'sweep', 'experiments/paper-qwen25-7b-instruct.yaml', '--dry-run'];"
+        "\ntry:\n    runpy.run_module('rpg_cli', run_name='__main__')\nexcept SystemExit:\n    pass\n"
+        "heavy = sorted(m for m in ('torch', 'ray', 'verl', 'transformers', 'omegaconf', 'sqlalchemy') "
+        "if m in sys.modules)\nprint('HEAVY', heavy, file=sys.stderr)"
+    )
+    result = subprocess.run([sys.executable, "-c", code], cwd=workdir, capture_output=True, text=True, timeout=120)
+    assert "HEAVY []" in result.stderr, result.stderr
