@@ -122,17 +122,25 @@ def sweep(
     backend: str = typer.Option(None, "--backend", metavar="verl|local", help="Run every cell on this backend instead of the spec's."),
     detach: bool = typer.Option(False, "--detach", help="Submit and return at once instead of following progress."),
     retry_failed: bool = typer.Option(False, "--retry-failed", help="Resubmit runs that failed or were stopped."),
+    address: str = typer.Option(None, "--address", envvar="RAY_ADDRESS", metavar="ADDR", help="Ray cluster (e.g. http://head:8265). Default: a local head bound to 127.0.0.1, started on first use, its files under --runs-dir."),
 ) -> None:
     """Expand a sweep spec into runs and submit one Ray job per run (or --dry-run to see the plan).
 
-    Re-running a sweep skips succeeded runs, re-attaches to live ones, resubmits failed ones with --retry-failed.
+    Each run gets runs/<sweep>/<run>/ (spec.json, metrics.jsonl, checkpoints/, job.log) and a row in the
+    results store; progress is followed live until every run has finished (Ctrl-C leaves the jobs
+    running: the same command re-attaches). Re-running a sweep skips succeeded runs, re-attaches to
+    live ones, and resubmits failed ones only with --retry-failed.
+
+    Examples:
+
+      rpg sweep experiments/smoke.yaml                       # CPU grid on a local Ray head
+      rpg sweep experiments/paper-qwen3-4b.yaml --dry-run    # the 20 runs, their state, nothing written
+      rpg sweep experiments/paper-qwen3-4b.yaml --address http://head:8265 --detach
     """
     if output_format not in ("table", "json"):
         raise typer.BadParameter(f"{output_format!r}; allowed: table, json", param_hint="--format")
     if backend not in (None, "verl", "local"):
         raise typer.BadParameter(f"{backend!r}; allowed: verl, local", param_hint="--backend")
-    if not dry_run:
-        _not_built("sweep")
     from pathlib import Path
 
     from rpg_cli.plan import known_states, plan_sweep
@@ -148,6 +156,9 @@ def sweep(
     except Exception as e:  # a store we cannot read must not hide the plan
         typer.echo(f"rpg sweep: cannot read run states from {db} ({type(e).__name__}: {e}); showing them as unknown", err=True)
         states = {p.id: "unknown" for p in plans}
+    if not dry_run:
+        _watch_sweep(plans, plans[0].sweep, db, address=address, detach=detach, retry_failed=retry_failed, runs_dir=runs_dir)
+        return
     if output_format == "json":
         import json
 
@@ -177,7 +188,9 @@ def _print_sweep_plan(plans: list, states: dict[str, str], retry_failed: bool) -
     console = Console(width=None if sys.stdout.isatty() else 200)  # pipes get whole rows
     console.print(table)
     actions = Counter(run_action(states[p.id], retry_failed) for p in plans)
-    gpus = sum(p.num_gpus for p in plans if run_action(states[p.id], retry_failed) == "submit")
+    # GPUs the runs train on (a verl job's driver reserves none itself: its workers hold them)
+    gpus = sum(p.spec["resources"]["nodes"] * p.spec["resources"]["gpus_per_node"]
+               for p in plans if run_action(states[p.id], retry_failed) == "submit")
     console.print(
         f"{len(plans)} runs: {actions['submit']} to submit ({gpus:g} GPUs), {actions['attach']} live to re-attach, "
         f"{actions['done']} succeeded, {actions['skip']} failed/stopped skipped"
@@ -188,15 +201,191 @@ def _print_sweep_plan(plans: list, states: dict[str, str], retry_failed: bool) -
 
 
 @app.command("eval")
-def evaluate() -> None:
-    """Score a run's checkpoints on AIME24/AIME25/AMC23 with mean@k, pass@k and maj@k."""
-    _not_built("eval")
+def evaluate(
+    ref: str = typer.Argument(..., metavar="RUN_OR_CHECKPOINT", help="A run (id, id prefix, name), a sweep (all its runs), a run directory, one checkpoint (step_N, global_step_N) or any HF model directory."),
+    benchmarks: str = typer.Option("aime24,aime25,amc23", "--benchmarks", "-b", metavar="NAME|FILE,...", help="Presets aime24, aime25, amc23 (their files in --data-dir) and/or prepared .parquet files."),
+    k: int = typer.Option(None, "--k", "-k", min=1, metavar="K", help="Samples per problem (default: the run's val.n; 32 for a bare model)."),
+    steps: str = typer.Option("last", "--steps", metavar="last|all|N,M", help="Which checkpoints of a run."),
+    scorer: str = typer.Option("dapo", "--scorer", metavar="dapo|math_verify", help="dapo: the paper's Answer: rule; math_verify: symbolic equivalence."),
+    data_dir: str = typer.Option("data", "--data-dir", metavar="DIR", help="Where `rpg prepare-data` wrote the benchmark files."),
+    db: str = typer.Option(None, "--db", metavar="URL", help="Results store: a SQLAlchemy URL or a SQLite file path (default sqlite:///runs/results.db)."),
+    address: str = typer.Option(None, "--address", metavar="ADDRESS", help="Ray cluster to run the evaluation job on; default: $RAY_ADDRESS, else the local head under --runs-dir."),
+    local: bool = typer.Option(False, "--local", help="Evaluate in this process instead of as a Ray job."),
+    runs_dir: str = typer.Option("runs", "--runs-dir", metavar="PATH", help="Root of the run directories (bare models are recorded under PATH/checkpoints/)."),
+    engine: str = typer.Option("auto", "--engine", metavar="auto|vllm|hf", help="auto: vLLM when installed and a GPU is present, else transformers."),
+    temperature: float = typer.Option(None, "--temperature", min=0.0, help="Default: the run's val.temperature."),
+    top_p: float = typer.Option(None, "--top-p", help="Default: the run's val.top_p."),
+    max_tokens: int = typer.Option(None, "--max-tokens", min=1, help="Response budget; default: the run's context (its response length)."),
+    seed: int = typer.Option(0, "--seed", help="Sampling seed (each problem draws from its own seed derived from it)."),
+    gpus: float = typer.Option(None, "--gpus", min=0.0, help="GPUs the Ray job reserves (default: 1 when the run trained on GPUs, else 0)."),
+) -> None:
+    """Score checkpoints on AIME24/AIME25/AMC23: k samples per problem, mean@k, pass@k (unbiased), maj@k, std@k.
+
+    Every sample and metric lands in the results store, per benchmark, step and scorer. Resumes:
+    problems already scored for a checkpoint and scorer are not generated again, and cached
+    responses (RUN/eval/) are rescored instead of regenerated. The run's own logged validation
+    metrics (verl's val-core/...) are copied into the store too, under verl's names.
+
+    Examples:
+
+      rpg eval rpg_reinforce-urkl-clip0.2_0.28-adamw-4k-s0-1a2b3c4d --steps all
+      rpg eval runs/paper/RUN/checkpoints/global_step_400 -b aime25 --k 32 --scorer math_verify
+      rpg eval Qwen2.5-Math-7B/ -b amc23,data/mine.parquet --local
+    """
+    from pathlib import Path
+
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    from rpg_cli.evaluation import EvalError, EvalOptions, plan_eval
+    from rpg_cli.evaluation.pipeline import eval_results, run_eval, scored_count
+    from rpg_cli.store import DEFAULT_DB_URL, StoreError, open_store
+
+    options = EvalOptions(ref=ref, benchmarks=tuple(b.strip() for b in benchmarks.split(",") if b.strip()), k=k,
+                          steps=steps, scorer=scorer, data_dir=data_dir, db=db or DEFAULT_DB_URL, runs_dir=runs_dir,
+                          engine=engine, temperature=temperature, top_p=top_p, max_tokens=max_tokens, seed=seed)  # fmt: skip
+    try:
+        plan = plan_eval(options)
+        store = open_store(options.db)
+    except (EvalError, StoreError) as e:
+        _fail("eval", e)
+    for line in plan.skipped:
+        typer.echo(f"rpg eval: skipped {line}", err=True)
+    console = _console()
+    progress = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TextColumn("samples"),
+                        TimeElapsedColumn(), console=console)  # fmt: skip
+    task = progress.add_task("eval", total=plan.total_samples)
+    try:
+        with progress:
+            if local:
+                results = run_eval(plan, store, on_progress=lambda p: progress.update(task, completed=p.done, description=p.label))
+            else:
+                from rpg_cli.evaluation.job import default_gpus, follow_eval, last_lines, submit_eval
+                from rpg_cli.jobs import ClusterError
+
+                try:
+                    job = submit_eval(options, address, Path(runs_dir), num_gpus=default_gpus(plan) if gpus is None else gpus)
+                except ClusterError as e:
+                    _fail("eval", e)
+                progress.update(task, description=f"Ray job {job.submission_id}" + (" (attached)" if job.attached else ""))
+                status, log = follow_eval(job, on_poll=lambda: progress.update(task, completed=scored_count(store, plan)))
+                if status != "SUCCEEDED":
+                    _fail("eval", RuntimeError(f"the evaluation job {job.submission_id} ended {status}: {last_lines(log)} "
+                                               f"(`ray job logs {job.submission_id}` has all of it)"), code=1)  # fmt: skip
+                results = eval_results(store, plan)
+    except EvalError as e:
+        _fail("eval", e)
+    except KeyboardInterrupt:
+        typer.echo("rpg eval: interrupted; what was scored is stored: the same command resumes from there", err=True)
+        raise typer.Exit(130) from None
+    finally:
+        store.close()
+    _print_eval_results(results, plan.scorer, console)
+
+
+def _print_eval_results(results: list, scorer: str, console) -> None:
+    from rich.table import Table
+
+    table = Table(title=f"eval (scorer {scorer})")
+    passes = sorted({name for r in results for name in r.values if name.startswith("pass@")}, key=lambda n: int(n[5:]))
+    columns = ["mean@k", *passes, "maj@k", "std@k"]
+    for column in ("run", "step", "benchmark", "k", *columns):
+        table.add_column(column, justify="left" if column in ("run", "benchmark") else "right")
+    for r in results:
+        cells = [r.values.get(c) for c in columns]
+        table.add_row(r.run, str(r.step), r.benchmark, str(r.k), *("-" if v is None else f"{v:.4f}" for v in cells))
+    console.print(table)
 
 
 @app.command()
-def report() -> None:
-    """Print the paper's Last/Best tables (and training-dynamics plots) from the results store."""
-    _not_built("report")
+def report(
+    table: bool = typer.Option(False, "--table", help="The Last/Best table (the default when neither --table nor --plot is given)."),
+    plot: bool = typer.Option(False, "--plot", help="Training-dynamics figures (PNG and SVG), one panel per metric, one line per run."),
+    sweep_name: str = typer.Option(None, "--sweep", metavar="NAME", help="Only this sweep's runs (default: every run in the store)."),
+    metric: str = typer.Option("mean@k", "--metric", metavar="mean@K|pass@K|maj@K", help="Score to tabulate; K=k takes the largest k scored."),
+    benchmarks: str = typer.Option(None, "--benchmarks", metavar="B[,B]", help="Columns to show, e.g. aime24,aime25 (default: every benchmark scored)."),
+    output_format: str = typer.Option(None, "--format", metavar="table|markdown|latex|csv|json", help="Table format (default: from --output's suffix .md/.tex/.csv/.json, else a terminal table)."),
+    output: str = typer.Option(None, "--output", "-o", metavar="FILE|DIR", help="--table: write to FILE instead of printing. --plot: directory of the figures (default runs/plots)."),
+    compare_paper: bool = typer.Option(False, "--compare-paper", help="Put the paper's published numbers and the difference beside each reproduced one."),
+    metrics: str = typer.Option(None, "--metrics", metavar="M[,M]", help="--plot panels: reward, entropy, response_length, kl, val (one per benchmark), or any logged key. Default: those of the five that were logged."),
+    smooth: int = typer.Option(1, "--smooth", min=1, metavar="N", help="--plot: moving average over N logged steps."),
+    db: str = typer.Option(None, "--db", metavar="URL", help="Results store: a SQLAlchemy URL or a SQLite file path (default sqlite:///runs/results.db)."),
+) -> None:
+    """Print the paper's Last/Best tables (and training-dynamics plots) from the results store.
+
+    Rows are methods named as in the paper (optimizer, clip... added where runs of one method differ),
+    grouped by model and context; columns are benchmarks x {Last: the final evaluated step, Best: the
+    maximum over evaluated steps}; mean ± std over seeds; the best of each column bold, the second
+    underlined. Scores come from `rpg eval`, else from the validation metrics logged in training.
+
+    Examples:
+
+      rpg report --table --format markdown
+      rpg report --table --sweep paper-qwen3-4b --compare-paper --output table.tex
+      rpg report --plot --metrics reward,entropy,val --smooth 5
+    """
+    from rpg_cli import report as rp
+    from rpg_cli.store import DEFAULT_DB_URL, StoreError, open_store
+
+    formats = ("table", *rp.RENDERERS)
+    if output_format is not None and output_format not in formats:
+        _fail("report", ValueError(f"unknown --format {output_format!r}; allowed: {', '.join(formats)}"))
+    if table and plot and output:
+        _fail("report", ValueError("--output names the table file or the plots directory: use it with --table or --plot, not both"))
+    try:
+        store = open_store(db or DEFAULT_DB_URL, create=False)
+    except StoreError as e:
+        _fail("report", e)
+    try:
+        if table or not plot:
+            fmt = output_format or (rp.FORMAT_BY_SUFFIX.get(__import__("pathlib").Path(output).suffix.lower(), "table") if output else "table")
+            wanted = [b.strip() for b in benchmarks.split(",") if b.strip()] if benchmarks else None
+            built = rp.build_table(store, sweep_name, metric, wanted, compare_paper)
+            text = rp.RENDERERS[fmt](built) if fmt != "table" else _render_report_table(built, to_text=bool(output))
+            if output:
+                typer.echo(f"wrote {rp.write_atomic(output, text)}")
+            elif text:
+                typer.echo(text, nl=False)
+        if plot:
+            names = [m.strip() for m in metrics.split(",") if m.strip()] if metrics else list(rp.DEFAULT_PLOT_METRICS)
+            fig = rp.plot_training(store, sweep_name, names, smooth, strict=metrics is not None)
+            for path in rp.save_figure(fig, output or "runs/plots", f"training-{sweep_name or 'all'}"):
+                typer.echo(f"wrote {path}")
+    except (rp.ReportError, StoreError) as e:
+        _fail("report", e)
+    finally:
+        store.close()
+
+
+def _render_report_table(built, to_text: bool = False) -> str:
+    """The terminal table: one rich table per model and context. Printed directly (returns ''), or
+    returned as plain text when it goes to a file."""
+    import io
+
+    from rich.console import Console
+    from rich.table import Table
+
+    from rpg_cli import report as rp
+
+    console = Console(file=io.StringIO(), width=200, color_system=None) if to_text else _console()
+    for group in built.groups:
+        table = Table(title=f"{group.model} · {group.context} · {built.metric}", title_justify="left")
+        table.add_column("method", no_wrap=True)
+        table.add_column("seeds", justify="right")
+        for bench, which in built.columns:
+            table.add_column(rp.column_title(bench, which), justify="right", no_wrap=True)
+        for row in group.rows:
+            cells = []
+            for column in built.columns:
+                cell = row.cells[column]
+                text = rp.cell_text(cell).replace("[", r"\[")
+                text = f"[bold]{text}[/]" if cell.rank == 1 else f"[underline]{text}[/]" if cell.rank == 2 else text
+                if built.compare_paper and cell.paper is not None:
+                    text += f"\n[dim]paper {rp.fmt(cell.paper)} Δ {rp.fmt(cell.diff, signed=True)}[/]"
+                cells.append(text)
+            table.add_row(row.method.replace("[", r"\["), str(len(row.runs)), *cells)
+        console.print(table)
+    console.print("bold: best of its column, underlined: second. Sources: " + "; ".join(built.sources), highlight=False)
+    return console.file.getvalue() if to_text else ""
 
 
 # --- runs, logs, cancel, and the live sweep view (the results store and Ray jobs) ----------------
@@ -233,12 +422,20 @@ def _error_line(error: str | None, width: int = 60) -> str:
 def runs_command(
     sweep_name: str = typer.Option(None, "--sweep", metavar="NAME", help="Only this sweep's runs."),
     status: str = typer.Option(None, "--status", metavar="STATE[,STATE]", help="Only runs in these states: pending, submitted, running, succeeded, failed, stopped."),
+    where: list[str] = typer.Option(None, "--where", metavar="FIELD=VALUE", help="Only runs whose spec matches: FIELD=V[,V...] or FIELD!=V; dotted paths reach nested fields (clip.eps_low=0.1). Repeatable; all must hold."),
+    output_format: str = typer.Option("table", "--format", metavar="table|csv|json", help="A terminal table, or every column as CSV or JSON."),
     db: str = typer.Option(None, "--db", metavar="URL", help=_DB_HELP),
 ) -> None:
-    """List runs with their state, attempts, last step and last reward (critic/score/mean)."""
-    from rpg_cli.jobs import REWARD_KEY
+    """List runs: state, attempts, last step, last reward (critic/score/mean), last validation accuracy
+    (mean over benchmarks of val-core mean@k), wall time.
+
+    Examples: rpg runs --where algorithm=rpg --where kl=ufkl,urkl;  rpg runs --sweep smoke --format csv
+    """
+    from rpg_cli.report import ReportError, runs_summary, summary_csv, wall_text
     from rpg_cli.store import DEFAULT_DB_URL, STATUSES, StoreError, open_store
 
+    if output_format not in ("table", "csv", "json"):
+        _fail("runs", ValueError(f"unknown --format {output_format!r}; allowed: table, csv, json"))
     wanted = [s.strip() for s in status.split(",")] if status else None
     if wanted and (bad := [s for s in wanted if s not in STATUSES]):
         _fail("runs", ValueError(f"unknown --status {', '.join(bad)}; allowed: {', '.join(STATUSES)}"))
@@ -248,29 +445,37 @@ def runs_command(
         typer.echo(f"rpg runs: no runs recorded yet ({e})", err=True)
         return
     try:
-        runs = store.runs(sweep=sweep_name, status=wanted)
-        ids = [r.id for r in runs]
-        steps, rewards = store.last_steps(ids), store.latest_values(ids, [REWARD_KEY])
+        rows = runs_summary(store, sweep_name, wanted, where or [])
+    except ReportError as e:
+        _fail("runs", e)
     finally:
         store.close()
+    if output_format == "json":
+        import json
+
+        typer.echo(json.dumps(rows, indent=2))
+        return
+    if output_format == "csv":
+        typer.echo(summary_csv(rows), nl=False)
+        return
     from rich.table import Table
 
     table = Table(title=f"runs of {sweep_name}" if sweep_name else "runs")
-    for column in ("sweep", "name", "id", "status", "attempts", "step", "reward", "started (UTC)", "finished (UTC)", "error"):
-        table.add_column(column, justify="right" if column in ("attempts", "step", "reward") else "left", no_wrap=column not in ("name", "error"))
-    for r in runs:
-        reward = rewards.get(r.id, {}).get(REWARD_KEY, (None, None))[1]
+    numeric = ("attempts", "step", "reward", "val acc", "wall")
+    for column in ("sweep", "name", "id", "status", "attempts", "step", "reward", "val acc", "wall", "started (UTC)", "error"):
+        table.add_column(column, justify="right" if column in numeric else "left", no_wrap=column not in ("name", "error"))
+    for r in rows:
         table.add_row(
-            r.sweep, r.name, r.id, _status_text(r.status), str(r.attempts), str(steps.get(r.id, "-")),
-            "-" if reward is None else f"{reward:.4f}",
-            f"{r.started_at:%Y-%m-%d %H:%M}" if r.started_at else "-",
-            f"{r.finished_at:%Y-%m-%d %H:%M}" if r.finished_at else "-",
-            _error_line(r.error),
+            r["sweep"], r["name"], r["id"], _status_text(r["status"]), str(r["attempts"]),
+            "-" if r["step"] is None else str(r["step"]),
+            "-" if r["reward"] is None else f"{r['reward']:.4f}",
+            "-" if r["val"] is None else f"{r['val']:.4f}",
+            wall_text(r["wall_s"]), (r["started"] or "-")[:16], _error_line(r["error"]),
         )  # fmt: skip
     console = _console()
     console.print(table)
-    counts = {s: sum(r.status == s for r in runs) for s in STATUSES}
-    console.print(f"{len(runs)} runs: " + ", ".join(f"{n} {s}" for s, n in counts.items() if n), highlight=False)
+    counts = {s: sum(r["status"] == s for r in rows) for s in STATUSES}
+    console.print(f"{len(rows)} runs: " + ", ".join(f"{n} {s}" for s, n in counts.items() if n), highlight=False)
 
 
 def _one_run(command: str, ref: str, db: str | None):
@@ -337,14 +542,16 @@ def cancel_command(
     typer.echo(f"stopped {len(stopped)} run(s): " + ", ".join(r.name for r in stopped))
 
 
+def _progress_caption(snapshot) -> str:
+    counts = snapshot.counts
+    return (f"pending {counts['pending'] + counts['submitted']} · running {counts['running']} · "
+            f"succeeded {counts['succeeded']} · failed {counts['failed']} · stopped {counts['stopped']}")  # fmt: skip
+
+
 def _progress_table(snapshot):
     from rich.table import Table
 
-    counts = snapshot.counts
-    pending = counts["pending"] + counts["submitted"]
-    caption = (f"pending {pending} · running {counts['running']} · succeeded {counts['succeeded']} · "
-               f"failed {counts['failed']} · stopped {counts['stopped']}")  # fmt: skip
-    table = Table(title=f"sweep {snapshot.sweep}", caption=caption)
+    table = Table(title=f"sweep {snapshot.sweep}", caption=_progress_caption(snapshot))
     for column in ("name", "id", "status", "attempt", "step", "reward", "error"):
         table.add_column(column, justify="right" if column in ("attempt", "step", "reward") else "left", no_wrap=column != "error")
     for r in snapshot.runs:
@@ -362,9 +569,11 @@ def _watch_sweep(
     retry_failed: bool = False,
     runs_dir: str = "runs",
 ) -> None:
-    """Submit a sweep's plans as Ray jobs and, unless `detach`, follow them in a live table until all
-    have finished. Exits 0 when every run succeeded, 1 when some failed or stopped, 2 on a cluster or
-    store error, 130 on Ctrl-C (the jobs keep running; the same command re-attaches)."""
+    """Submit a sweep's plans as Ray jobs and, unless `detach`, follow them until all have finished:
+    a live table on a terminal, a line per change of the counts otherwise (logs, CI). Exits 0 when
+    every run succeeded, 1 when some failed or stopped, 2 on a cluster or store error, 130 on Ctrl-C
+    (the jobs keep running; the same command re-attaches)."""
+    import os
     from pathlib import Path
 
     from rich.live import Live
@@ -373,32 +582,38 @@ def _watch_sweep(
     from rpg_cli.store import StoreError
 
     console = _console()
-    live = Live(console=console, auto_refresh=False) if not detach else None
+    live = Live(console=console, auto_refresh=False) if console.is_terminal and not detach else None
+    last_caption = None
+
+    def show(snapshot) -> None:
+        nonlocal last_caption
+        if live is not None:
+            live.update(_progress_table(snapshot), refresh=True)
+        elif not detach and _progress_caption(snapshot) != last_caption:
+            last_caption = _progress_caption(snapshot)
+            console.print(f"sweep {sweep_name}: {last_caption}", highlight=False)
+
+    where = address or os.environ.get("RAY_ADDRESS") or f"the local Ray head in {runs_dir}/ray (started on first use, ~15 s)"
+    typer.echo(f"rpg sweep: {sweep_name}: {len(plans)} runs; connecting to {where}", err=True)
     try:
         if live is not None:
             live.start()
-        final = run_sweep(
-            plans, sweep_name, db, address=address, detach=detach, retry_failed=retry_failed,
-            on_update=(lambda s: live.update(_progress_table(s), refresh=True)) if live is not None else None,
-            runs_dir=Path(runs_dir),
-        )  # fmt: skip
+        final = run_sweep(plans, sweep_name, db, address=address, detach=detach, retry_failed=retry_failed,
+                          on_update=show, runs_dir=Path(runs_dir))  # fmt: skip
     except KeyboardInterrupt:
-        if live is not None:
-            live.stop()
         typer.echo(f"rpg sweep: stopped following {sweep_name}; its jobs keep running. Run the same command to "
                    f"re-attach, `rpg runs --sweep {sweep_name}` to look, `rpg cancel {sweep_name}` to stop them.", err=True)  # fmt: skip
         raise typer.Exit(130) from None
     except (ClusterError, StoreError) as e:
+        _fail("sweep", e)
+    finally:
         if live is not None:
             live.stop()
-        _fail("sweep", e)
-    if live is not None:
-        live.stop()
-    else:
+    if live is None:
         console.print(_progress_table(final))
+    if detach:
         typer.echo(f"submitted; follow with `rpg runs --sweep {sweep_name}` or `rpg logs RUN --follow`")
-        return
-    if any(r.status in ("failed", "stopped") for r in final.runs):
+    elif any(r.status in ("failed", "stopped") for r in final.runs):
         raise typer.Exit(1)
 
 

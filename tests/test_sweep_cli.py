@@ -70,22 +70,23 @@ def test_dry_run_json_shape_for_the_qwen3_grid(workdir):
         assert r["name"].endswith(r["id"]) and len(r["id"]) == 8
         ep = r["entrypoint"]
         assert all(isinstance(a, str) for a in ep)
-        assert ep[:4] == ["python", "-m", "rpg_cli.backends.verl", "--spec"]
-        assert ep[4] == str(workdir / "elsewhere" / "paper-qwen3-4b" / r["name"] / "spec.json")
+        assert ep[:3] == ["python", "-m", "verl.trainer.main_ppo"]
+        run_dir = workdir / "elsewhere" / "paper-qwen3-4b" / r["name"]
+        assert f"trainer.default_local_dir={run_dir / 'checkpoints'}" in ep  # the run's own directory
 
 
 def test_json_spec_is_the_canonical_spec(workdir):
     from rpg_cli.spec import ExperimentSpec
 
-    result = CliRunner().invoke(app, ["sweep", str(workdir / "experiments/smoke.yaml"), "--dry-run",
-                                      "--format", "json", "--backend", "verl"])
+    result = CliRunner().invoke(app, ["sweep", str(workdir / "experiments/paper-qwen3-4b.yaml"), "--dry-run",
+                                      "--format", "json", "--backend", "local"])
     assert result.exit_code == 0, result.output
     runs = json.loads(result.stdout)
-    assert len(runs) == 6
+    assert len(runs) == 20
     for r in runs:
         spec = ExperimentSpec.model_validate(r["spec"])
-        assert spec.run_id == r["id"] and spec.backend == "verl"  # --backend overrides the spec's
-        assert r["entrypoint"][2] == "rpg_cli.backends.verl"
+        assert spec.run_id == r["id"] and spec.backend == "local"  # --backend overrides the spec's
+        assert r["entrypoint"][2] == "rpg_cli.backends.local"
 
 
 def test_spec_error_is_one_line_on_stderr_with_exit_2(tmp_path):

@@ -1,0 +1,339 @@
+"""Ray jobs against a real local Ray head (started once for this module, stopped at its end) and a
+real SQLite store: sweeps run to completion, a killed driver loses and resubmits nothing, retries,
+cancel and logs, the head's reuse and loopback binding, and unreachable clusters."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+import urllib.error
+import urllib.request
+
+import pytest
+from typer.testing import CliRunner
+
+pytest.importorskip("ray.job_submission", reason="the Ray tests need ray[default]")
+psutil = pytest.importorskip("psutil")
+
+from rpg_cli.cli import app  # noqa: E402
+from rpg_cli.jobs import ClusterError, _head_dir, _temp_dir, connect, local_head, run_sweep, stop_local_head  # noqa: E402
+from rpg_cli.plan import RunPlan  # noqa: E402
+from rpg_cli.store import open_store, run_states  # noqa: E402
+
+pytestmark = pytest.mark.slow
+
+# A stand-in trainer: writes STEPS lines of metrics.jsonl (verl's file-logger format), one every
+# DELAY seconds, records the arguments and environment it got, then exits by MODE:
+# ok | fail (always) | fail-once (fails on its first attempt only) | hang (sleeps until stopped).
+TRAINER = textwrap.dedent(
+    """
+    import json, os, sys, time
+    from pathlib import Path
+
+    run_dir, steps, delay, mode = Path(sys.argv[1]), int(sys.argv[2]), float(sys.argv[3]), sys.argv[4]
+    run_dir.mkdir(parents=True, exist_ok=True)
+    (run_dir / "argv.json").write_text(json.dumps({"argv": sys.argv[5:], "env": os.environ.get("RPG_TEST_ENV")}))
+    with open(run_dir / "metrics.jsonl", "a") as f:
+        for step in range(1, steps + 1):
+            f.write(json.dumps({"step": step, "data": {"critic/score/mean": step / steps, "actor/pg_loss": -step, "note": "x"}}) + "\\n")
+            f.flush()
+            time.sleep(delay)
+    print(f"trainer finished {steps} steps", flush=True)
+    if mode == "fail" or (mode == "fail-once" and not (run_dir / "failed-once").exists()):
+        (run_dir / "failed-once").touch()
+        sys.exit("trainer failing on purpose")
+    if mode == "hang":
+        time.sleep(600)
+    """
+)
+
+# The `rpg sweep` driver, as its own process so that it can be killed: plans from a JSON file.
+DRIVER = textwrap.dedent(
+    """
+    import json, sys
+    from pathlib import Path
+    from rpg_cli.jobs import run_sweep
+    from rpg_cli.plan import RunPlan
+
+    plans_file, sweep, db, runs_dir = sys.argv[1:5]
+    plans = [RunPlan(**{**p, "run_dir": Path(p["run_dir"])}) for p in json.loads(Path(plans_file).read_text())]
+    run_sweep(plans, sweep, db, runs_dir=Path(runs_dir), poll_s=0.3, on_update=lambda s: print(s.counts, flush=True))
+    """
+)
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory):
+    """One local head for the module, in its own runs dir; stopped (by its pids) at the end."""
+    root = tmp_path_factory.mktemp("jobs")
+    runs_dir = root / "runs"
+    (root / "trainer.py").write_text(TRAINER)
+    (root / "driver.py").write_text(DRIVER)
+    temp_dir = str(_temp_dir(_head_dir(runs_dir)))
+    try:
+        head = local_head(runs_dir, num_cpus=4)
+        yield {"root": root, "runs": runs_dir, "head": head}
+        assert stop_local_head(runs_dir)
+        leftovers = [p for p in psutil.process_iter() if _mentions(p, temp_dir)]
+        assert not leftovers, f"processes of the test head survived: {leftovers}"
+    finally:
+        shutil.rmtree(temp_dir, ignore_errors=True)
+
+
+def _mentions(proc, text: str) -> bool:
+    try:
+        return text in " ".join(proc.cmdline()) and proc.status() != psutil.STATUS_ZOMBIE
+    except psutil.Error:
+        return False
+
+
+def make_plan(cluster, sweep: str, name: str, steps: int, mode: str = "ok", delay: float = 0.1, extra: list[str] = ()) -> RunPlan:
+    run_dir = cluster["runs"] / sweep / name
+    return RunPlan(
+        id=f"{sweep}-{name}",
+        name=name,
+        sweep=sweep,
+        backend="local",
+        spec={"name": name, "steps": steps, "mode": mode},
+        run_dir=run_dir,
+        entrypoint=[sys.executable, str(cluster["root"] / "trainer.py"), str(run_dir), str(steps), str(delay), mode, *extra],
+        num_cpus=1.0,
+        env={"RPG_TEST_ENV": f"env of {name}"},
+    )
+
+
+def ray_submissions(cluster) -> list[str]:
+    return sorted(j.submission_id for j in connect(runs_dir=cluster["runs"]).list_jobs() if j.submission_id)
+
+
+def deadline_guard(seconds: float):
+    end = time.monotonic() + seconds
+    snapshots = []
+
+    def on_update(snapshot):
+        snapshots.append(snapshot)
+        if time.monotonic() > end:
+            pytest.fail(f"sweep still unfinished after {seconds} s: {snapshot.counts}")
+
+    return on_update, snapshots
+
+
+# --------------------------------------------------------------------------------------- the head
+
+
+def test_head_is_reused_bound_to_loopback_token_protected_with_short_socket_paths(cluster):
+    head = cluster["head"]
+    assert local_head(cluster["runs"]) == head  # found and reused, not a second head
+    assert head.dashboard_url.startswith("http://127.0.0.1:") and head.gcs_address.startswith("127.0.0.1:")
+    assert len(head.temp_dir) <= 38  # the pytest tmp path is too long for Ray's sockets: a short dir
+    assert json.loads((cluster["runs"] / "ray" / "head.json").read_text())["temp_dir"] == head.temp_dir
+    with pytest.raises(urllib.error.HTTPError, match="401"):  # token auth: nobody else may submit jobs
+        urllib.request.urlopen(f"{head.dashboard_url}/api/version", timeout=5)
+    group = [p for p in psutil.process_iter() if _safe_pgid(p) == head.pgid]
+    listening = {c.laddr.ip for p in group for c in _inet_listeners(p)}
+    assert listening and listening <= {"127.0.0.1", "::ffff:127.0.0.1"}, listening
+
+
+def _safe_pgid(p):
+    try:
+        return os.getpgid(p.pid)
+    except OSError:
+        return None
+
+
+def _inet_listeners(p):
+    try:
+        return [c for c in p.net_connections(kind="inet") if c.status == psutil.CONN_LISTEN]
+    except psutil.Error:
+        return []
+
+
+# ---------------------------------------------------------------------------------------- sweeps
+
+
+def test_sweep_runs_to_completion_then_skips_then_retries(cluster, tmp_path):
+    db = f"sqlite:///{tmp_path / 'results.db'}"
+    tricky = "a b; echo $HOME `id` 'q' \"dq\" > /dev/null"  # must reach the trainer as one argument
+    plans = [
+        make_plan(cluster, "s1", "ok-a", steps=3, extra=[tricky]),
+        make_plan(cluster, "s1", "ok-b", steps=4),
+        make_plan(cluster, "s1", "ok-c", steps=2),
+        make_plan(cluster, "s1", "flaky", steps=3, mode="fail-once"),
+    ]
+    on_update, snapshots = deadline_guard(90)
+    final = run_sweep(plans, "s1", db, runs_dir=cluster["runs"], on_update=on_update, poll_s=0.5)
+
+    assert final.finished and snapshots[-1] == final and len(snapshots) >= 2
+    assert sum(snapshots[0].counts.values()) == 4 and snapshots[0].counts["succeeded"] == 0
+    assert final.counts == {"pending": 0, "submitted": 0, "running": 0, "succeeded": 3, "failed": 1, "stopped": 0}
+    by_name = {r.name: r for r in final.runs}
+    assert "trainer failing on purpose" in by_name["flaky"].error
+    store = open_store(db)
+    try:
+        for p, steps in zip(plans, (3, 4, 2, 3)):
+            assert store.latest(p.id) == (steps, {"critic/score/mean": 1.0, "actor/pg_loss": -float(steps)})
+            assert by_name[p.name].step == steps and by_name[p.name].reward == 1.0
+            run = store.run(p.id)
+            assert run.attempts == 1 and run.submission_id == p.id
+            assert run.started_at is not None and run.finished_at >= run.started_at
+            assert json.loads((p.run_dir / "spec.json").read_text()) == p.spec
+            assert f"trainer finished {steps} steps" in (p.run_dir / "job.log").read_text()
+            assert json.loads((p.run_dir / "argv.json").read_text())["env"] == f"env of {p.name}"
+        assert json.loads((plans[0].run_dir / "argv.json").read_text())["argv"] == [tricky]
+    finally:
+        store.close()
+    submitted = ray_submissions(cluster)
+    assert [s for s in submitted if s.startswith("s1-")] == sorted(p.id for p in plans)
+
+    # again: nothing to do, nothing submitted; the failed run is left alone without retry_failed
+    again = run_sweep(plans, "s1", db, runs_dir=cluster["runs"], poll_s=0.5)
+    assert again.counts["succeeded"] == 3 and again.counts["failed"] == 1
+    assert ray_submissions(cluster) == submitted
+
+    # with retry_failed: only the failed run goes again, under a fresh submission id
+    on_update, _ = deadline_guard(60)
+    retried = run_sweep(plans, "s1", db, runs_dir=cluster["runs"], retry_failed=True, on_update=on_update, poll_s=0.5)
+    assert retried.counts["succeeded"] == 4
+    assert sorted(set(ray_submissions(cluster)) - set(submitted)) == ["s1-flaky-2"]
+    store = open_store(db)
+    try:
+        flaky = store.run("s1-flaky")
+        assert (flaky.attempts, flaky.submission_id, flaky.error) == (2, "s1-flaky-2", None)
+        assert store.latest("s1-flaky")[0] == 3
+    finally:
+        store.close()
+
+
+def test_killed_driver_loses_nothing_and_resubmits_nothing(cluster, tmp_path):
+    db = f"sqlite:///{tmp_path / 'results.db'}"
+    plans = [
+        make_plan(cluster, "s2", "quick-a", steps=1, delay=0),
+        make_plan(cluster, "s2", "quick-b", steps=1, delay=0),
+        make_plan(cluster, "s2", "slow-a", steps=10, delay=0.6),
+        make_plan(cluster, "s2", "slow-b", steps=10, delay=0.6),
+        make_plan(cluster, "s2", "broken", steps=1, delay=0, mode="fail"),
+    ]
+    plans_file = tmp_path / "plans.json"
+    plans_file.write_text(json.dumps([{**p.__dict__, "run_dir": str(p.run_dir)} for p in plans]))
+    driver = [sys.executable, str(cluster["root"] / "driver.py"), str(plans_file), "s2", db, str(cluster["runs"])]
+    ids = [p.id for p in plans]
+
+    def wait_for(condition, timeout=90):
+        end = time.monotonic() + timeout
+        while time.monotonic() < end:
+            states = run_states(db, ids)
+            if condition(states):
+                return states
+            time.sleep(0.2)
+        pytest.fail(f"timed out; states: {run_states(db, ids)}")
+
+    # 1. SIGKILL the driver once some runs have succeeded while others are still live
+    proc = subprocess.Popen(driver, stderr=subprocess.PIPE, text=True)
+    wait_for(lambda s: "succeeded" in s.values() and {"submitted", "running"} & set(s.values()))
+    proc.send_signal(signal.SIGKILL)
+    proc.wait(timeout=30)
+
+    # 2. a second driver re-attaches; interrupt it (Ctrl-C) while it follows the live runs
+    proc = subprocess.Popen(driver, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    assert proc.stdout.readline().startswith("{'pending'")  # a snapshot: it has submitted and follows
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=30)
+    assert proc.returncode != 0 and "KeyboardInterrupt" in err
+
+    # 3. a third one follows everything to the end
+    on_update, _ = deadline_guard(90)
+    final = run_sweep(plans, "s2", db, runs_dir=cluster["runs"], on_update=on_update, poll_s=0.3)
+    assert {r.name: r.status for r in final.runs} == {
+        "quick-a": "succeeded", "quick-b": "succeeded", "slow-a": "succeeded", "slow-b": "succeeded", "broken": "failed",
+    }  # fmt: skip
+    assert [s for s in ray_submissions(cluster) if s.startswith("s2-")] == sorted(ids)  # each submitted once
+    store = open_store(db)
+    try:
+        for p, steps in zip(plans, (1, 1, 10, 10, 1)):
+            assert store.run(p.id).attempts == 1
+            assert store.latest(p.id) == (steps, {"critic/score/mean": 1.0, "actor/pg_loss": -float(steps)})
+            with store.engine.connect() as conn:
+                rows = conn.exec_driver_sql("SELECT COUNT(*) FROM metrics WHERE run_id = ?", (p.id,)).scalar()
+            assert rows == 2 * steps  # every step, once
+    finally:
+        store.close()
+
+
+def test_watch_sweep_renders_progress_and_exits_by_outcome(cluster, tmp_path, capsys):
+    import typer
+
+    from rpg_cli.cli import _watch_sweep
+
+    db = f"sqlite:///{tmp_path / 'results.db'}"
+    plans = [make_plan(cluster, "s4", "fine", steps=2), make_plan(cluster, "s4", "doomed", steps=1, mode="fail")]
+    with pytest.raises(typer.Exit) as exit_info:
+        _watch_sweep(plans, "s4", db, runs_dir=str(cluster["runs"]))
+    assert exit_info.value.exit_code == 1  # a run failed
+    out = capsys.readouterr().out
+    assert "sweep s4" in out and "fine" in out and "doomed" in out and "succeeded 1" in out and "failed 1" in out
+    assert "trainer failing on purpose" in out
+
+    _watch_sweep(plans[:1], "s4", db, runs_dir=str(cluster["runs"]), detach=True)  # done already: returns
+    assert "submitted; follow with" in capsys.readouterr().out
+
+
+# --------------------------------------------------------------------------------- cancel, logs
+
+
+def test_cancel_and_logs_through_the_cli(cluster, tmp_path):
+    db = f"sqlite:///{tmp_path / 'results.db'}"
+    plan = make_plan(cluster, "s3", "hanging", steps=1, delay=0, mode="hang")
+    submitted = run_sweep([plan], "s3", db, runs_dir=cluster["runs"], detach=True)
+    assert submitted.counts["submitted"] == 1
+    runner = CliRunner()
+    common = ["--db", db, "--runs-dir", str(cluster["runs"])]
+
+    end = time.monotonic() + 60
+    while "trainer finished" not in (result := runner.invoke(app, ["logs", plan.name, *common])).output:
+        assert result.exit_code == 0, result.output
+        assert time.monotonic() < end, result.output
+        time.sleep(0.5)
+
+    result = runner.invoke(app, ["cancel", "s3", *common])
+    assert result.exit_code == 0, result.output
+    assert "stopped 1 run(s): hanging" in result.output
+    assert run_states(db, [plan.id]) == {plan.id: "stopped"}
+    client = connect(runs_dir=cluster["runs"])
+    end = time.monotonic() + 30
+    while str(client.get_job_status(plan.id)) != "STOPPED":
+        assert time.monotonic() < end
+        time.sleep(0.5)
+
+    result = runner.invoke(app, ["runs", "--db", db])
+    assert "stopped" in result.output and "hanging" in result.output
+    result = runner.invoke(app, ["cancel", plan.id, *common])
+    assert result.exit_code == 0 and "nothing to stop" in result.output
+    result = runner.invoke(app, ["logs", "no-such-run", *common])
+    assert result.exit_code == 2 and "no-such-run" in result.output
+
+
+# --------------------------------------------------------------------------- unreachable cluster
+
+
+def test_unreachable_cluster_is_a_one_line_error_and_writes_nothing(tmp_path):
+    dead = "http://127.0.0.1:9"  # discard port: nothing listens there
+    db = tmp_path / "runs" / "results.db"
+    plan = RunPlan("x1", "x", "sx", "local", {}, tmp_path / "runs" / "sx" / "x", [sys.executable, "-c", "pass"])
+    with pytest.raises(ClusterError, match="--address"):
+        run_sweep([plan], "sx", f"sqlite:///{db}", address=dead, runs_dir=tmp_path / "runs")
+    assert not db.exists() and not plan.run_dir.exists()
+
+    store = open_store(f"sqlite:///{db}")
+    store.record_plan(plan)
+    store.set_status(plan.id, "running", submission_id=plan.id)
+    store.close()
+    result = CliRunner().invoke(app, ["cancel", plan.id, "--db", f"sqlite:///{db}", "--address", dead])
+    assert result.exit_code == 2
+    assert len(result.output.strip().splitlines()) == 1 and "--address" in result.output and "ray start --head" in result.output
+    assert run_states(f"sqlite:///{db}", [plan.id]) == {plan.id: "running"}  # nothing changed

@@ -1,0 +1,387 @@
+"""The results store on real SQLite files: runs and states, metrics ingestion (idempotent, incremental,
+truncated lines, rewrites, concurrent writers), evals/samples upserts, run_states, `rpg runs`."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import sqlite3
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from rpg_cli.cli import app
+from rpg_cli.plan import RunPlan
+from rpg_cli.store import StoreError, open_store, parse_metric_lines, run_states
+
+
+def plan(i: int, root: Path, sweep: str = "sw") -> RunPlan:
+    return RunPlan(
+        id=f"id{i:04d}",
+        name=f"run-{i}",
+        sweep=sweep,
+        backend="local",
+        spec={"seed": i, "algorithm": "rpg"},
+        run_dir=root / sweep / f"run-{i}",
+        entrypoint=["python", "-c", "pass"],
+    )
+
+
+def line(step: int, **data) -> str:
+    return json.dumps({"step": step, "data": data}) + "\n"
+
+
+@pytest.fixture
+def store(tmp_path):
+    s = open_store(f"sqlite:///{tmp_path / 'runs' / 'results.db'}")
+    yield s
+    s.close()
+
+
+def count(store, run_id: str | None = None) -> int:
+    with sqlite3.connect(store.engine.url.database) as con:
+        if run_id is None:
+            return con.execute("SELECT COUNT(*) FROM metrics").fetchone()[0]
+        return con.execute("SELECT COUNT(*) FROM metrics WHERE run_id = ?", (run_id,)).fetchone()[0]
+
+
+# ------------------------------------------------------------------------------ database basics
+
+
+def test_open_store_creates_parent_dir_and_uses_wal(tmp_path):
+    db = tmp_path / "deep" / "er" / "results.db"
+    store = open_store(str(db))  # a bare path means a SQLite file
+    store.close()
+    assert db.is_file()
+    with sqlite3.connect(db) as con:
+        assert con.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
+        tables = {r[0] for r in con.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
+    assert {"sweeps", "runs", "metrics", "evals", "samples"} <= tables
+
+
+def test_open_store_without_create_refuses_a_missing_file(tmp_path):
+    with pytest.raises(StoreError, match="no results database"):
+        open_store(f"sqlite:///{tmp_path / 'runs' / 'results.db'}", create=False)
+    assert not (tmp_path / "runs").exists()
+
+
+def test_record_plans_keeps_state_of_known_runs(store, tmp_path):
+    p = plan(1, tmp_path)
+    store.record_plan(p)
+    run = store.run(p.id)
+    assert (run.status, run.attempts, run.sweep, run.spec) == ("pending", 0, "sw", p.spec)
+    assert run.run_dir == p.run_dir.resolve()
+    store.set_status(p.id, "running", submission_id=p.id)
+    store.record_plans([p, plan(2, tmp_path)])
+    assert store.run(p.id).status == "running"
+    assert [r.id for r in store.runs(sweep="sw")] == [p.id, plan(2, tmp_path).id]
+    assert [r.id for r in store.runs(status="pending")] == [plan(2, tmp_path).id]
+    assert store.sweeps() == ["sw"]
+
+
+def test_set_status_stamps_times_and_rejects_unknown_states(store, tmp_path):
+    p = plan(1, tmp_path)
+    store.record_plan(p)
+    store.set_status(p.id, "submitted")
+    assert store.run(p.id).started_at is None
+    store.set_status(p.id, "running")
+    started = store.run(p.id).started_at
+    assert started is not None
+    store.set_status(p.id, "failed", error="x" * 5000 + "the end")
+    run = store.run(p.id)
+    assert run.started_at == started and run.finished_at >= started
+    assert len(run.error) == 2000 and run.error.endswith("the end")  # the tail is what matters
+    with pytest.raises(ValueError, match="unknown run status"):
+        store.set_status(p.id, "exploded")
+    with pytest.raises(StoreError):
+        store.set_status("nope", "running")
+
+
+def test_begin_attempt_gives_fresh_submission_ids_and_clears_metrics(store, tmp_path):
+    p = plan(1, tmp_path)
+    store.record_plan(p)
+    assert store.begin_attempt(p.id) == (1, p.id)
+    p.run_dir.mkdir(parents=True)
+    (p.run_dir / "metrics.jsonl").write_text(line(1, a=1.0) + line(2, a=2.0))
+    store.ingest_metrics(p.id, p.run_dir / "metrics.jsonl")
+    store.set_status(p.id, "failed", error="boom")
+    assert store.begin_attempt(p.id) == (2, f"{p.id}-2")
+    run = store.run(p.id)
+    assert (run.status, run.error, run.finished_at, run.attempts) == ("pending", None, None, 2)
+    assert count(store, p.id) == 0 and store.latest(p.id) == (None, {})
+    assert store.ingest_metrics(p.id, p.run_dir / "metrics.jsonl") == 2  # read afresh for the new attempt
+
+
+def test_resolve_by_id_prefix_name_and_sweep(store, tmp_path):
+    store.record_plans([plan(1, tmp_path), plan(2, tmp_path), plan(3, tmp_path, sweep="other")])
+    assert [r.name for r in store.resolve("id0001")] == ["run-1"]
+    assert [r.name for r in store.resolve("run-2")] == ["run-2"]
+    assert [r.name for r in store.resolve("sw")] == ["run-1", "run-2"]
+    assert [r.name for r in store.resolve("id0003")] == ["run-3"]
+    assert store.resolve("id00") == []  # ambiguous prefix
+    assert store.resolve("nothing") == []
+
+
+# ----------------------------------------------------------------------------------- ingestion
+
+
+def test_parse_metric_lines_skips_garbage_and_waits_for_a_partial_tail():
+    chunk = (line(1, a=1) + "not json\n\n" + json.dumps([1, 2]) + "\n" + line(2, a=2) + '{"step": 3, "da').encode()
+    records, consumed = parse_metric_lines(chunk)
+    assert [step for step, _ in records] == [1, 2]
+    assert chunk[consumed:] == b'{"step": 3, "da'
+    complete_tail = line(4, a=4).rstrip("\n").encode()  # a complete record that only lacks its newline
+    records, consumed = parse_metric_lines(complete_tail)
+    assert [step for step, _ in records] == [4] and consumed == len(complete_tail)
+
+
+def test_ingest_is_idempotent_and_skips_non_numeric_values(store, tmp_path):
+    p = plan(1, tmp_path)
+    store.record_plan(p)
+    path = tmp_path / "metrics.jsonl"
+    path.write_text(
+        line(1, **{"actor/pg_loss": -0.5, "critic/score/mean": 0.25, "note": "text", "hist": [1, 2], "none": None})
+        + line(2, **{"actor/pg_loss": -0.25, "critic/score/mean": 0.5, "flag": True, "count": 7})
+    )
+    assert store.ingest_metrics(p.id, path) == 6
+    assert store.ingest_metrics(p.id, path) == 0
+    assert store.ingest_metrics(p.id, path) == 0
+    assert count(store) == 6
+    assert store.latest(p.id) == (2, {"actor/pg_loss": -0.25, "critic/score/mean": 0.5, "flag": 1.0, "count": 7.0})
+    assert store.last_steps([p.id]) == {p.id: 2}
+
+
+def test_nan_is_stored_as_null_and_inf_kept(store, tmp_path):
+    p = plan(1, tmp_path)
+    store.record_plan(p)
+    path = tmp_path / "metrics.jsonl"
+    path.write_text(line(1, a=float("nan"), b=float("inf"), c=1.5))
+    assert store.ingest_metrics(p.id, path) == 3
+    step, values = store.latest(p.id)
+    assert step == 1 and values["a"] is None and math.isinf(values["b"]) and values["c"] == 1.5
+
+
+def test_truncated_last_line_is_skipped_then_read_once_complete(store, tmp_path):
+    p = plan(1, tmp_path)
+    store.record_plan(p)
+    path = tmp_path / "metrics.jsonl"
+    full = line(3, a=3.0, b=30.0)
+    path.write_text(line(1, a=1.0, b=10.0) + line(2, a=2.0, b=20.0) + full[:17])
+    assert store.ingest_metrics(p.id, path) == 4
+    assert store.latest(p.id)[0] == 2
+    with open(path, "a") as f:
+        f.write(full[17:])
+    assert store.ingest_metrics(p.id, path) == 2
+    assert store.latest(p.id) == (3, {"a": 3.0, "b": 30.0})
+    assert count(store) == 6
+
+
+def test_ingest_is_incremental(store, tmp_path):
+    p = plan(1, tmp_path)
+    store.record_plan(p)
+    path = tmp_path / "metrics.jsonl"
+    with open(path, "w") as f:
+        f.write("".join(line(s, a=s, b=-s) for s in range(1, 51)))
+    assert store.ingest_metrics(p.id, path) == 100
+    with open(path, "a") as f:
+        f.write("".join(line(s, a=s, b=-s) for s in range(51, 54)))
+    assert store.ingest_metrics(p.id, path) == 6  # only the three new lines were read
+    with sqlite3.connect(store.engine.url.database) as con:
+        offset = con.execute("SELECT offset FROM metric_files WHERE run_id = ?", (p.id,)).fetchone()[0]
+    assert offset == path.stat().st_size
+    assert count(store) == 106 and store.latest(p.id) == (53, {"a": 53.0, "b": -53.0})
+
+
+def test_missing_file_ingests_nothing(store, tmp_path):
+    p = plan(1, tmp_path)
+    store.record_plan(p)
+    assert store.ingest_metrics(p.id, tmp_path / "absent.jsonl") == 0
+
+
+def test_a_step_logged_twice_keeps_its_last_value(store, tmp_path):
+    p = plan(1, tmp_path)
+    store.record_plan(p)
+    path = tmp_path / "metrics.jsonl"
+    path.write_text(line(1, a=1.0) + line(2, a=2.0) + line(2, a=2.5) + line(3, a=3.0))  # a resumed trainer
+    assert store.ingest_metrics(p.id, path) == 4
+    assert store.latest_values([p.id], ["a"]) == {p.id: {"a": (3, 3.0)}}
+    with sqlite3.connect(store.engine.url.database) as con:
+        assert con.execute("SELECT value FROM metrics WHERE step = 2").fetchall() == [(2.5,)]
+
+
+def test_a_rewritten_shorter_file_is_read_again_from_the_start(store, tmp_path):
+    p = plan(1, tmp_path)
+    store.record_plan(p)
+    path = tmp_path / "metrics.jsonl"
+    path.write_text("".join(line(s, a=float(s)) for s in range(1, 11)))
+    assert store.ingest_metrics(p.id, path) == 10
+    path.write_text(line(1, a=100.0) + line(2, a=200.0))  # a new attempt started the file over
+    assert store.ingest_metrics(p.id, path) == 2
+    assert count(store, p.id) == 2 and store.latest(p.id) == (2, {"a": 200.0})
+
+
+def test_latest_values_per_key_and_run(store, tmp_path):
+    plans = [plan(i, tmp_path) for i in range(3)]
+    store.record_plans(plans)
+    for i, p in enumerate(plans):
+        path = tmp_path / f"m{i}.jsonl"
+        # validation keys are logged every 5 steps only: their latest step differs from the run's
+        path.write_text("".join(line(s, loss=s * (i + 1), **({"val": s / 10} if s % 5 == 0 else {})) for s in range(1, 13 + i)))
+        store.ingest_metrics(p.id, path)
+    got = store.latest_values([p.id for p in plans], ["loss", "val", "absent"])
+    assert got == {
+        plans[0].id: {"loss": (12, 12.0), "val": (10, 1.0)},
+        plans[1].id: {"loss": (13, 26.0), "val": (10, 1.0)},
+        plans[2].id: {"loss": (14, 42.0), "val": (10, 1.0)},
+    }
+    assert store.latest_values([], ["loss"]) == {}
+
+
+WORKER = textwrap.dedent(
+    """
+    import json, sys, time
+    from pathlib import Path
+    from rpg_cli.store import open_store
+
+    db, run_id, own, shared, go = sys.argv[1:6]
+    while not Path(go).exists():
+        time.sleep(0.01)
+    store = open_store(db)  # all four create the schema at once
+    for chunk in range(10):
+        with open(own, "a") as f:
+            for step in range(chunk * 20 + 1, chunk * 20 + 21):
+                f.write(json.dumps({"step": step, "data": {f"k{j}": step * j for j in range(5)}}) + "\\n")
+        store.ingest_metrics(run_id, own)
+        store.ingest_metrics("shared", shared)
+    store.close()
+    """
+)
+
+
+def test_four_processes_ingesting_at_once_lose_no_row(tmp_path):
+    db = f"sqlite:///{tmp_path / 'runs' / 'results.db'}"
+    shared = tmp_path / "shared.jsonl"
+    shared.write_text("".join(line(s, **{f"k{j}": s + j for j in range(5)}) for s in range(1, 201)))
+    # No database yet: the workers also race on creating it (SQLite does not enforce the runs
+    # foreign key, so metrics of runs never recorded are accepted here).
+    go = tmp_path / "go"
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-c", WORKER, db, plan(i, tmp_path).id, str(tmp_path / f"own{i}.jsonl"), str(shared), str(go)],
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for i in range(4)
+    ]
+    time.sleep(0.5)
+    go.touch()
+    for p in procs:
+        _, err = p.communicate(timeout=120)
+        assert p.returncode == 0, err
+    store = open_store(db)
+    try:
+        for i in range(4):
+            assert count(store, plan(i, tmp_path).id) == 200 * 5
+            assert store.latest(plan(i, tmp_path).id) == (200, {f"k{j}": 200.0 * j for j in range(5)})
+        assert count(store, "shared") == 200 * 5
+        assert count(store) == 5 * 200 * 5
+        with sqlite3.connect(tmp_path / "runs" / "results.db") as con:
+            offsets = dict(con.execute("SELECT run_id, offset FROM metric_files").fetchall())
+        assert offsets["shared"] == shared.stat().st_size
+        assert offsets[plan(0, tmp_path).id] == (tmp_path / "own0.jsonl").stat().st_size
+    finally:
+        store.close()
+
+
+# -------------------------------------------------------------------------------- evals, samples
+
+
+def test_evals_and_samples_upsert_on_their_keys(store, tmp_path):
+    p = plan(1, tmp_path)
+    store.record_plan(p)
+    key = {"run_id": p.id, "step": 400, "benchmark": "aime2025", "metric": "mean@32", "k": 32, "scorer": "answer"}
+    assert store.record_evals([{**key, "value": 0.25, "scorer_version": "1"}]) == 1
+    store.record_evals([{**key, "value": 0.3, "scorer_version": "2"}, {**key, "metric": "pass@32", "value": 0.6, "scorer_version": "2"}])
+    sample = {"run_id": p.id, "step": 400, "benchmark": "aime2025", "problem": 3, "sample_index": 0, "scorer": "answer"}
+    store.record_samples([{**sample, "extracted": "17", "correct": False, "response_length": 900}])
+    store.record_samples([{**sample, "extracted": "18", "correct": True, "response_length": 900}])
+    with sqlite3.connect(store.engine.url.database) as con:
+        assert sorted(con.execute("SELECT metric, value, scorer_version FROM evals").fetchall()) == [
+            ("mean@32", 0.3, "2"),
+            ("pass@32", 0.6, "2"),
+        ]
+        assert con.execute("SELECT extracted, correct FROM samples").fetchall() == [("18", 1)]
+
+
+# ---------------------------------------------------------------------------------- run_states
+
+
+def test_run_states_reads_without_creating_anything(tmp_path):
+    db = f"sqlite:///{tmp_path / 'runs' / 'results.db'}"
+    assert run_states(db, ["a", "b"]) == {}
+    assert not (tmp_path / "runs").exists()
+    store = open_store(db)
+    store.record_plans([plan(1, tmp_path), plan(2, tmp_path)])
+    store.set_status(plan(2, tmp_path).id, "succeeded")
+    store.close()
+    before = sorted(os.listdir(tmp_path / "runs"))
+    assert run_states(db, [plan(1, tmp_path).id, plan(2, tmp_path).id, "unknown"]) == {
+        plan(1, tmp_path).id: "pending",
+        plan(2, tmp_path).id: "succeeded",
+    }
+    assert sorted(os.listdir(tmp_path / "runs")) == before  # no -wal/-shm left behind either
+
+
+def test_run_states_sees_a_live_writer(tmp_path):
+    db = f"sqlite:///{tmp_path / 'results.db'}"
+    store = open_store(db)  # kept open: WAL files exist, uncheckpointed commits live in the -wal file
+    try:
+        store.record_plan(plan(1, tmp_path))
+        store.set_status(plan(1, tmp_path).id, "running")
+        assert run_states(db, [plan(1, tmp_path).id]) == {plan(1, tmp_path).id: "running"}
+    finally:
+        store.close()
+
+
+def test_run_states_of_a_database_without_tables(tmp_path):
+    sqlite3.connect(tmp_path / "empty.db").close()
+    assert run_states(str(tmp_path / "empty.db"), ["a"]) == {}
+
+
+# ---------------------------------------------------------------------------------------- CLI
+
+
+def test_rpg_runs_lists_and_filters(tmp_path):
+    db = f"sqlite:///{tmp_path / 'results.db'}"
+    store = open_store(db)
+    plans = [plan(1, tmp_path), plan(2, tmp_path), plan(3, tmp_path, sweep="other")]
+    store.record_plans(plans)
+    store.set_status(plans[0].id, "failed", error="Traceback ...\nValueError: reward went sideways")
+    path = tmp_path / "m.jsonl"
+    path.write_text(line(7, **{"critic/score/mean": 0.625}))
+    store.ingest_metrics(plans[1].id, path)
+    store.close()
+    runner = CliRunner()
+
+    result = runner.invoke(app, ["runs", "--db", db])
+    assert result.exit_code == 0, result.output
+    for p in plans:
+        assert p.name in result.output
+    assert "0.6250" in result.output and "reward went sideways" in result.output
+
+    result = runner.invoke(app, ["runs", "--db", db, "--sweep", "sw", "--status", "pending"])
+    assert result.exit_code == 0
+    assert "run-2" in result.output and "run-1" not in result.output and "run-3" not in result.output
+
+    result = runner.invoke(app, ["runs", "--db", db, "--status", "exploded"])
+    assert result.exit_code == 2 and "unknown --status exploded" in result.output
+
+    result = runner.invoke(app, ["runs", "--db", f"sqlite:///{tmp_path / 'none' / 'results.db'}"])
+    assert result.exit_code == 0 and "no runs recorded yet" in result.output
+    assert not (tmp_path / "none").exists()
