@@ -57,14 +57,17 @@ def saved_bytes(fn) -> int:
 
 def paired_times(fn, floor, repeat, device) -> tuple[float, float]:
     """Best time of fn and of the floor, measured in alternating rounds so that load on a shared
-    machine hits both alike."""
+    machine hits both alike. On CPU it is the process's CPU time (one thread), which other processes
+    on the machine barely move; on CUDA it is wall time after a synchronize."""
+    cuda = device.startswith("cuda")
+    clock = time.perf_counter if cuda else time.process_time
 
     def timed(f):
-        start = time.perf_counter()
+        start = clock()
         f()
-        if device.startswith("cuda"):
+        if cuda:
             torch.cuda.synchronize()
-        return time.perf_counter() - start
+        return clock() - start
 
     for _ in range(3):
         timed(fn), timed(floor)

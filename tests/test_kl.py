@@ -7,7 +7,7 @@ import math
 import pytest
 import torch
 
-from rpg_cli.algorithms.kl import KL_TERMS, k1, k2, k3, kl_term
+from rpg_cli.algorithms.kl import KL_ESTIMATORS, k1, k2, k3, kl_component, kl_estimate
 
 F64 = torch.float64
 
@@ -42,16 +42,17 @@ def test_k3_identities():
     assert abs(forward.item() - reverse.item()) > 1e-3
 
 
-@pytest.mark.parametrize("variant", list(KL_TERMS))
-def test_reinforce_weight_is_minus_the_derivative_of_the_estimate(variant):
-    """kl_component (section 3) is exactly -d value / d logp, token by token."""
+@pytest.mark.parametrize("variant", list(KL_ESTIMATORS))
+@pytest.mark.parametrize("separate_ref", [False, True], ids=["iterative", "ref"])
+def test_kl_component_is_minus_the_derivative_of_the_estimate(variant, separate_ref):
+    """kl_component (section 3) is exactly -d estimate / d logp, token by token."""
     g = torch.Generator().manual_seed(1)
     log_w = (0.5 * torch.randn(32, generator=g, dtype=F64)).requires_grad_(True)
-    log_rho = 0.5 * torch.randn(32, generator=g, dtype=F64)
-    term = kl_term(variant, log_w, log_rho)
-    (d,) = torch.autograd.grad(term.value.sum(), log_w)
-    assert torch.allclose(term.reinforce_weight, -d, atol=1e-14)
-    assert not term.reinforce_weight.requires_grad
+    log_rho = 0.5 * torch.randn(32, generator=g, dtype=F64) if separate_ref else None
+    (d,) = torch.autograd.grad(kl_estimate(variant, log_w, log_rho).sum(), log_w)
+    component = kl_component(variant, log_w, log_rho)
+    assert torch.allclose(component, -d, atol=1e-14)
+    assert not component.requires_grad
 
 
 def test_iterative_reference_estimators_are_the_k_estimators():
@@ -59,15 +60,18 @@ def test_iterative_reference_estimators_are_the_k_estimators():
     log_w = torch.linspace(-2, 2, 9, dtype=F64)
     zero = torch.zeros_like(log_w)
     w = log_w.exp()
-    assert torch.allclose(kl_term("fkl", log_w, zero).value, k1(log_w))
-    assert torch.allclose(kl_term("ufkl", log_w, zero).value, k3(log_w))
-    assert torch.allclose(kl_term("rkl", log_w, zero).value, w * log_w)
-    assert torch.allclose(kl_term("urkl", log_w, zero).value, w * k3(-log_w))
+    for log_rho in (zero, None):  # an explicit all-zero log rho and the iterative shortcut agree
+        assert torch.allclose(kl_estimate("fkl", log_w, log_rho), k1(log_w))
+        assert torch.allclose(kl_estimate("ufkl", log_w, log_rho), k3(log_w))
+        assert torch.allclose(kl_estimate("rkl", log_w, log_rho), w * log_w)
+        assert torch.allclose(kl_estimate("urkl", log_w, log_rho), w * k3(-log_w))
 
 
 def test_unknown_variant():
     with pytest.raises(ValueError, match="unknown KL variant 'kl'"):
-        kl_term("kl", torch.zeros(1), torch.zeros(1))
+        kl_estimate("kl", torch.zeros(1), None)
+    with pytest.raises(ValueError, match="unknown KL variant 'kl'"):
+        kl_component("kl", torch.zeros(1), None)
 
 
 def test_k2_is_second_order_close_to_k3():

@@ -9,13 +9,11 @@ with a reference pi_ref (pi_ref = pi_old in the paper's iterative setting) the r
 
 Each divergence below is an importance-weighted k-estimator whose expectation under pi_old is the
 exact divergence, and whose derivative with respect to logp is the paper's gradient (section 1, and
-"With a separate reference pi_ref"). `reinforce_weight` is the matching `kl_component` of section 3:
-the no-gradient weight w.r.t. which `-kl_component * logp` has the divergence's gradient.
+"With a separate reference pi_ref"). `kl_component` is the matching weight of section 3: the
+no-gradient factor w.r.t. which `-kl_component * logp` has the divergence's gradient.
 """
 
 from __future__ import annotations
-
-from typing import NamedTuple
 
 import torch
 
@@ -54,53 +52,68 @@ def log_u_of(log_w: torch.Tensor, log_rho: torch.Tensor | None) -> torch.Tensor:
     return log_w if log_rho is None else log_w - log_rho
 
 
-class KLTerm(NamedTuple):
-    value: torch.Tensor  # per-token estimate; E_old[value] = the divergence, d value / d logp = its gradient
-    reinforce_weight: torch.Tensor  # kl_component of MATH.md section 3 (no gradient)
-
-
-def forward_kl(log_w: torch.Tensor, log_rho: torch.Tensor | None) -> KLTerm:
-    """KL(pi_ref || pi_theta) = E_old[rho * k1(u)];  gradient term -rho * logp;  kl_component +rho."""
+def forward_kl(log_w: torch.Tensor, log_rho: torch.Tensor | None) -> torch.Tensor:
+    """KL(pi_ref || pi_theta) = E_old[rho * k1(u)]; its gradient term is -rho * logp."""
     if log_rho is None:
-        return KLTerm(k1(log_w), torch.ones_like(log_w))
-    rho = torch.exp(log_rho)
-    return KLTerm(rho * k1(log_w - log_rho), rho)
+        return k1(log_w)
+    return torch.exp(log_rho) * k1(log_w - log_rho)
 
 
-def reverse_kl(log_w: torch.Tensor, log_rho: torch.Tensor | None) -> KLTerm:
-    """KL(pi_theta || pi_ref) = E_old[w log u];  kl_component -w (log u + 1)."""
-    w = torch.exp(log_w)
-    log_u = log_u_of(log_w, log_rho)
-    return KLTerm(w * log_u, (-w * (log_u + 1)).detach())
+def reverse_kl(log_w: torch.Tensor, log_rho: torch.Tensor | None) -> torch.Tensor:
+    """KL(pi_theta || pi_ref) = E_old[w log u]."""
+    return torch.exp(log_w) * log_u_of(log_w, log_rho)
 
 
-def forward_ukl(log_w: torch.Tensor, log_rho: torch.Tensor | None) -> KLTerm:
-    """UKL(pi_ref || pi_theta) = E_old[rho * k3(u)] = E_old[w - rho - rho log u];  kl_component -(w - rho).
+def forward_ukl(log_w: torch.Tensor, log_rho: torch.Tensor | None) -> torch.Tensor:
+    """UKL(pi_ref || pi_theta) = E_old[rho * k3(u)] = E_old[w - rho - rho log u].
 
     With pi_ref = pi_old this is E_old[k3(pi_theta/pi_old)] (the k3 identity of section 1).
     """
-    w = torch.exp(log_w.detach())
     if log_rho is None:
-        return KLTerm(k3(log_w), 1 - w)
-    rho = torch.exp(log_rho)
-    return KLTerm(rho * k3(log_w - log_rho), rho - w)
+        return k3(log_w)
+    return torch.exp(log_rho) * k3(log_w - log_rho)
 
 
-def reverse_ukl(log_w: torch.Tensor, log_rho: torch.Tensor | None) -> KLTerm:
-    """UKL(pi_theta || pi_ref) = E_old[w * k3(1/u)] = E_theta[k3(pi_ref/pi_theta)];  kl_component -w log u.
+def reverse_ukl(log_w: torch.Tensor, log_rho: torch.Tensor | None) -> torch.Tensor:
+    """UKL(pi_theta || pi_ref) = E_old[w * k3(1/u)] = E_theta[k3(pi_ref/pi_theta)].
 
     This is also GRPO's KL term with its importance-weight correction.
     """
-    w = torch.exp(log_w)
-    log_u = log_u_of(log_w, log_rho)
-    return KLTerm(w * k3(-log_u), (-w * log_u).detach())
+    return torch.exp(log_w) * k3(-log_u_of(log_w, log_rho))
 
 
-KL_TERMS = {"fkl": forward_kl, "rkl": reverse_kl, "ufkl": forward_ukl, "urkl": reverse_ukl}
+KL_ESTIMATORS = {"fkl": forward_kl, "rkl": reverse_kl, "ufkl": forward_ukl, "urkl": reverse_ukl}
 
 
-def kl_term(variant: str, log_w: torch.Tensor, log_rho: torch.Tensor | None) -> KLTerm:
+def kl_estimate(variant: str, log_w: torch.Tensor, log_rho: torch.Tensor | None) -> torch.Tensor:
+    """Per-token estimate of the variant's divergence: E_old[estimate] is the divergence, and
+    d estimate / d logp is the paper's gradient term."""
     try:
-        return KL_TERMS[variant](log_w, log_rho)
+        return KL_ESTIMATORS[variant](log_w, log_rho)
     except KeyError:
         raise ValueError(f"unknown KL variant {variant!r}; expected one of {', '.join(KL_VARIANTS)}") from None
+
+
+@torch.no_grad()
+def kl_component(variant: str, log_w: torch.Tensor, log_rho: torch.Tensor | None) -> torch.Tensor:
+    """`kl_component(w)` of MATH.md section 3, so that w A_R + beta * kl_component is the REINFORCE weight
+    of section 1's gradient column (= -d kl_estimate / d logp):
+
+        variant   reference = pi_old     separate pi_ref
+        fkl       +1                     +rho
+        rkl       -w (log w + 1)         -w (log u + 1)
+        ufkl      -(w - 1)               -(w - rho)
+        urkl      -w log w               -w log u
+    """
+    w = torch.exp(log_w)
+    rho = 1.0 if log_rho is None else torch.exp(log_rho)
+    log_u = log_u_of(log_w, log_rho)
+    if variant == "fkl":
+        return torch.ones_like(w) if log_rho is None else rho
+    if variant == "rkl":
+        return -w * (log_u + 1)
+    if variant == "ufkl":
+        return rho - w
+    if variant == "urkl":
+        return -w * log_u
+    raise ValueError(f"unknown KL variant {variant!r}; expected one of {', '.join(KL_VARIANTS)}")

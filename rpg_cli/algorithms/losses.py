@@ -15,7 +15,7 @@ from typing import NamedTuple
 
 import torch
 
-from rpg_cli.algorithms.kl import KL_VARIANTS, clamp_log_ratio, k3, kl_term, log_u_of, reverse_ukl
+from rpg_cli.algorithms.kl import KL_VARIANTS, clamp_log_ratio, k3, kl_component, kl_estimate, log_u_of, reverse_ukl
 
 LOSS_NAMES = (
     *(f"rpg_{v}" for v in KL_VARIANTS),
@@ -99,15 +99,15 @@ def rpg_loss(
     have section 1's per-token gradient exactly.
     """
     w = torch.exp(log_w)
-    kl = kl_term(variant, log_w, log_rho)
+    kl = kl_estimate(variant, log_w, log_rho)
     if not clip:
-        return TokenLoss(-w * adv + beta * kl.value, w, kl.value)
+        return TokenLoss(-w * adv + beta * kl, w, kl)
     if variant in ("rkl", "urkl"):
         log_u = log_u_of(log_w, log_rho)
         adv_hat = adv - beta * (log_u + 1) if variant == "rkl" else adv - beta * log_u
-        return dual_clip(w, adv_hat.detach(), eps_low, eps_high, c)._replace(kl=kl.value)
+        return dual_clip(w, adv_hat.detach(), eps_low, eps_high, c)._replace(kl=kl.detach())
     clipped = dual_clip(w, adv, eps_low, eps_high, c)
-    return clipped._replace(loss=clipped.loss + beta * kl.value, kl=kl.value)
+    return clipped._replace(loss=clipped.loss + beta * kl, kl=kl)
 
 
 # ---------------------------------------------------------------- RPG-REINFORCE (Algorithm 2, eq. 4.1)
@@ -143,12 +143,12 @@ def rpg_reinforce_loss(
     Remark F.2: clip(w, 1-e1, 1+e2) replaces w inside SG in the gradient branches (default off).
     """
     with torch.no_grad():  # every weight of a REINFORCE loss is a constant; the KL value is a metric
-        kl = kl_term(variant, log_w, log_rho)
-        c_kl = beta * kl.reinforce_weight
+        kl = kl_estimate(variant, log_w, log_rho)
+        c_kl = beta * kl_component(variant, log_w, log_rho)
         w = torch.exp(log_w)
     ell = -log_prob
     if not clip:
-        return TokenLoss((w * adv + c_kl) * ell, w, kl.value)
+        return TokenLoss((w * adv + c_kl) * ell, w, kl)
     hi, lo = 1 + eps_high, 1 - eps_low
     with torch.no_grad():
         w_sg = w.clamp(lo, hi) if clipped_weight else w
@@ -161,7 +161,7 @@ def rpg_reinforce_loss(
         if clipped_weight:
             w_bar = torch.where(no_gradient, w_bar, w_sg)
     loss = (w_bar * adv + c_kl) * torch.where(no_gradient, ell.detach(), ell)
-    return TokenLoss(loss, w, kl.value, clip_high, clip_low, clip_dual)
+    return TokenLoss(loss, w, kl, clip_high, clip_low, clip_dual)
 
 
 # ---------------------------------------------------------------- GRPO (section 1 "GRPO's KL term")
@@ -186,7 +186,7 @@ def grpo_loss(
     which is exactly the `urkl` estimator: E_old[w k3(pi_ref/pi_theta)] = UKL(pi_theta || pi_ref).
     """
     pg = ppo_loss(log_w, adv, clip=clip, eps_low=eps_low, eps_high=eps_high, c=c)
-    kl = reverse_ukl(log_w, log_rho).value if corrected else k3(-log_u_of(log_w, log_rho))
+    kl = reverse_ukl(log_w, log_rho) if corrected else k3(-log_u_of(log_w, log_rho))
     return pg._replace(loss=pg.loss + beta * kl, kl=kl)
 
 
