@@ -1,0 +1,495 @@
+"""`rpg report` and `rpg_cli.report` on real SQLite stores filled by the tests with known values:
+Last/Best, mean ± std over seeds, bold/underline, the four text formats, --compare-paper, plots
+(files and figure objects), run summaries with --where, and bad input."""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import re
+import statistics
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from rpg_cli import report
+from rpg_cli.cli import app
+from rpg_cli.plan import RunPlan
+from rpg_cli.store import open_store
+
+PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
+
+
+def spec(algorithm: str, kl: str = "none", seed: int = 0, optimizer: str = "adamw", context: str = "4k",
+         model: str = "Qwen/Qwen3-4B", clip=(0.2, 0.28)) -> dict:  # fmt: skip
+    return {
+        "algorithm": algorithm, "kl": kl, "seed": seed, "optimizer": optimizer, "context": context,
+        "model": model, "beta": 1e-4, "lr": 1e-6,
+        "clip": None if clip is None else {"eps_low": clip[0], "eps_high": clip[1], "c": 10.0},
+    }  # fmt: skip
+
+
+class Filler:
+    """Records runs in a store and gives them metrics (through metrics.jsonl ingestion) and evals."""
+
+    def __init__(self, store, root: Path):
+        self.store, self.root, self.n = store, root, 0
+
+    def run(self, spec_: dict, sweep: str = "sw", name: str | None = None) -> str:
+        self.n += 1
+        run_id = f"r{self.n:04d}"
+        name = name or f"{spec_['algorithm']}-{spec_['kl']}-s{spec_['seed']}-{run_id}"
+        plan = RunPlan(id=run_id, name=name, sweep=sweep, backend="local", spec=spec_,
+                       run_dir=self.root / sweep / name, entrypoint=["true"])  # fmt: skip
+        self.store.record_plan(plan)
+        return run_id
+
+    def metrics(self, run_id: str, rows: dict[int, dict[str, float]]) -> None:
+        path = self.root / f"{run_id}.jsonl"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text("".join(json.dumps({"step": s, "data": d}) + "\n" for s, d in sorted(rows.items())))
+        self.store.ingest_metrics(run_id, path)
+
+    def evals(self, run_id: str, bench: str, values: dict[int, float], metric: str = "mean@32", k: int = 32,
+              scorer: str = "dapo") -> None:  # fmt: skip
+        self.store.record_evals(
+            {"run_id": run_id, "step": step, "benchmark": bench, "metric": metric, "k": k, "value": v,
+             "scorer": scorer, "scorer_version": "1"}  # fmt: skip
+            for step, v in values.items()
+        )
+
+
+@pytest.fixture
+def db(tmp_path):
+    return f"sqlite:///{tmp_path / 'results.db'}"
+
+
+@pytest.fixture
+def store(db):
+    s = open_store(db)
+    yield s
+    s.close()
+
+
+@pytest.fixture
+def fill(store, tmp_path):
+    return Filler(store, tmp_path / "runs")
+
+
+def invoke(*args: str):
+    return CliRunner().invoke(app, list(args))
+
+
+# ------------------------------------------------------------------------------- a known grid
+
+# Evaluated at steps 5, 10, 15: values chosen so that Last != Best and seeds differ.
+GRID = {
+    # (algorithm, kl, seed): {benchmark: {step: value}}
+    ("grpo", "none", 0): {"aime24": {5: 0.30, 10: 0.40, 15: 0.35}, "aime25": {5: 0.20, 10: 0.25, 15: 0.22}},
+    ("dapo", "none", 0): {"aime24": {5: 0.35, 10: 0.45, 15: 0.50}, "aime25": {5: 0.30, 10: 0.28, 15: 0.26}},
+    ("rpg", "ufkl", 0): {"aime24": {5: 0.40, 10: 0.60, 15: 0.55}, "aime25": {5: 0.33, 10: 0.36, 15: 0.34}},
+    ("rpg", "ufkl", 1): {"aime24": {5: 0.42, 10: 0.50, 15: 0.45}, "aime25": {5: 0.31, 10: 0.40, 15: 0.38}},
+}
+
+
+@pytest.fixture
+def grid(fill):
+    ids = {}
+    for (alg, kl, seed), benches in GRID.items():
+        run_id = fill.run(spec(alg, kl, seed))
+        ids[(alg, kl, seed)] = run_id
+        for bench, values in benches.items():
+            fill.evals(run_id, bench, values)
+    return ids
+
+
+def expected(key, bench):
+    values = GRID[key][bench]
+    return values[max(values)], max(values.values())
+
+
+def row_of(table, method):
+    rows = [r for g in table.groups for r in g.rows if r.method == method]
+    assert len(rows) == 1, [r.method for g in table.groups for r in g.rows]
+    return rows[0]
+
+
+def test_last_best_and_mean_std_over_seeds(store, grid):
+    table = report.build_table(store)
+    assert table.metric == "mean@32"
+    assert table.benchmarks == ["aime24", "aime25"]
+    assert [(g.model, g.context) for g in table.groups] == [("Qwen3-4B", "4K")]
+    assert [r.method for r in table.groups[0].rows] == ["GRPO", "DAPO", "RPG-UFKL"]  # the paper's order
+    for key, method in ((("grpo", "none", 0), "GRPO"), (("dapo", "none", 0), "DAPO")):
+        row = row_of(table, method)
+        for bench in ("aime24", "aime25"):
+            last, best = expected(key, bench)
+            assert row.cells[(bench, "last")].mean == pytest.approx(last)
+            assert row.cells[(bench, "best")].mean == pytest.approx(best)
+            assert row.cells[(bench, "last")].std is None and row.cells[(bench, "last")].n == 1
+    rpg = row_of(table, "RPG-UFKL")
+    assert len(rpg.runs) == 2
+    for bench in ("aime24", "aime25"):
+        lasts = [expected(("rpg", "ufkl", s), bench)[0] for s in (0, 1)]
+        bests = [expected(("rpg", "ufkl", s), bench)[1] for s in (0, 1)]
+        assert rpg.cells[(bench, "last")].mean == pytest.approx(statistics.fmean(lasts))
+        assert rpg.cells[(bench, "last")].std == pytest.approx(statistics.stdev(lasts))
+        assert rpg.cells[(bench, "best")].mean == pytest.approx(statistics.fmean(bests))
+        assert rpg.cells[(bench, "best")].n == 2
+
+
+def test_bold_best_and_underline_second_per_column(store, grid):
+    table = report.build_table(store)
+    ranks = {(r.method, col): r.cells[col].rank for r in table.groups[0].rows for col in table.columns}
+    # aime24 Last: GRPO .35, DAPO .50, RPG mean(.55,.45)=.50 -> DAPO and RPG tie for best, GRPO second
+    assert ranks[("DAPO", ("aime24", "last"))] == 1 and ranks[("RPG-UFKL", ("aime24", "last"))] == 1
+    assert ranks[("GRPO", ("aime24", "last"))] == 2
+    # aime24 Best: GRPO .40, DAPO .50, RPG mean(.60,.50)=.55
+    assert [ranks[(m, ("aime24", "best"))] for m in ("RPG-UFKL", "DAPO", "GRPO")] == [1, 2, None]
+    # aime25 Best: GRPO .25, DAPO .30, RPG mean(.36,.40)=.38
+    assert [ranks[(m, ("aime25", "best"))] for m in ("RPG-UFKL", "DAPO", "GRPO")] == [1, 2, None]
+    md = report.to_markdown(table)
+    rpg_line = next(line for line in md.splitlines() if line.startswith("| RPG-UFKL"))
+    assert "**0.5500 ± 0.0707**" in rpg_line  # aime24 Best: mean .55, stdev of (.60, .50)
+    grpo_line = next(line for line in md.splitlines() if line.startswith("| GRPO"))
+    assert "<u>0.3500</u>" in grpo_line and "**" not in grpo_line
+
+
+def test_markdown_csv_json_shapes(store, grid):
+    table = report.build_table(store)
+    md = report.to_markdown(table)
+    rows = [line for line in md.splitlines() if line.startswith("|")]
+    assert len(rows) == 2 + 3  # header, alignment, one per method
+    assert all(line.count("|") == rows[0].count("|") for line in rows)
+    assert "aime24 Last" in rows[0] and "aime25 Best" in rows[0]
+
+    records = list(csv.DictReader(io.StringIO(report.to_csv(table))))
+    assert [r["method"] for r in records] == ["GRPO", "DAPO", "RPG-UFKL"]
+    assert float(records[1]["aime24_last_mean"]) == pytest.approx(0.50)
+    assert records[1]["aime24_last_std"] == ""
+    assert records[2]["seeds"] == "2"
+
+    doc = json.loads(report.to_json(table))
+    assert doc["metric"] == "mean@32" and doc["benchmarks"] == ["aime24", "aime25"]
+    cell = doc["groups"][0]["rows"][2]["cells"]["aime25"]["best"]
+    assert cell["mean"] == pytest.approx(0.38) and cell["n"] == 2 and cell["rank"] == 1
+
+
+def _balanced(text: str) -> bool:
+    depth = 0
+    for i, ch in enumerate(text):
+        if ch in "{}" and i > 0 and text[i - 1] == "\\":
+            continue
+        depth += {"{": 1, "}": -1}.get(ch, 0)
+        if depth < 0:
+            return False
+    return depth == 0
+
+
+def test_latex_is_structurally_sound(store, grid):
+    tex = report.to_latex(report.build_table(store))
+    assert _balanced(tex)
+    assert tex.count("\\begin{tabular}") == tex.count("\\end{tabular}") == 1
+    ncols = len(re.search(r"\\begin\{tabular\}\{(\w+)\}", tex).group(1))
+    body = [line for line in tex.splitlines() if line.endswith("\\\\") and "&" in line]
+    # every row with '&' fills all columns (multicolumn headers count their span)
+    for line in body:
+        spans = sum(int(n) for n in re.findall(r"\\multicolumn\{(\d+)\}", line))
+        cells = line.count("&") + 1
+        assert cells - len(re.findall(r"\\multicolumn", line)) + spans == ncols, line
+    methods = [line.split("&")[0].strip() for line in body]
+    for method in ("GRPO", "DAPO", "RPG-UFKL"):
+        assert methods.count(method) == 1
+    assert "\\textbf{0.5500 $\\pm$ 0.0707}" in tex
+    assert "\\underline{0.3500}" in tex
+
+
+def test_groups_by_model_and_context_and_names_variants(store, fill):
+    for ctx in ("2k", "8k"):
+        for opt in ("adamw", "schedule_free"):
+            run_id = fill.run(spec("rpg_reinforce", "urkl", optimizer=opt, context=ctx))
+            fill.evals(run_id, "aime24", {10: 0.5 if opt == "adamw" else 0.4})
+    run_id = fill.run(spec("rpg_reinforce", "urkl", context="2k", clip=(0.1, 0.1)))
+    fill.evals(run_id, "aime24", {10: 0.3})
+    other = fill.run(spec("grpo", model="Qwen/Qwen2.5-7B-Instruct", context="2k"))
+    fill.evals(other, "aime24", {10: 0.2})
+    table = report.build_table(store)
+    assert [(g.model, g.context) for g in table.groups] == [("Qwen2.5-7B-Instruct", "2K"), ("Qwen3-4B", "2K"), ("Qwen3-4B", "8K")]
+    assert [r.method for r in table.groups[0].rows] == ["GRPO"]
+    assert [r.method for r in table.groups[1].rows] == [
+        "RPG-REINFORCE-URKL (clip 0.1/0.1, AdamW)",
+        "RPG-REINFORCE-URKL (clip 0.2/0.28, AdamW)",
+        "RPG-REINFORCE-URKL (clip 0.2/0.28, Schedule-Free)",
+    ]
+    assert [r.method for r in table.groups[2].rows] == ["RPG-REINFORCE-URKL (AdamW)", "RPG-REINFORCE-URKL (Schedule-Free)"]
+
+
+# --------------------------------------------------------------------------- --compare-paper
+
+
+def test_compare_paper_matches_by_method_model_context(store, fill):
+    # the paper's table 5 (Qwen3-4B, 4K): GRPO aime24 .3458/.3677, RPG-UFKL aime25 .3625/.3979
+    grpo = fill.run(spec("grpo"))
+    fill.evals(grpo, "aime24", {5: 0.30, 10: 0.40, 15: 0.35})
+    ufkl = fill.run(spec("rpg", "ufkl"))
+    fill.evals(ufkl, "aime25", {5: 0.30, 10: 0.42})
+    sf = fill.run(spec("rpg", "urkl", optimizer="schedule_free"))
+    fill.evals(sf, "aime25", {5: 0.5})
+    table = report.build_table(store, compare_paper=True)
+    g = row_of(table, "GRPO").cells[("aime24", "last")]
+    assert (g.paper, g.diff) == (pytest.approx(0.3458), pytest.approx(0.35 - 0.3458))
+    b = row_of(table, "GRPO").cells[("aime24", "best")]
+    assert (b.paper, b.diff) == (pytest.approx(0.3677), pytest.approx(0.40 - 0.3677))
+    u = row_of(table, "RPG-UFKL").cells[("aime25", "best")]
+    assert (u.paper, u.diff) == (pytest.approx(0.3979), pytest.approx(0.42 - 0.3979))
+    assert row_of(table, "RPG-UFKL").paper_method == "RPG-UFKL"
+    # a schedule-free run has no published counterpart
+    assert row_of(table, "RPG-URKL").cells[("aime25", "last")].paper is None
+    md = report.to_markdown(table)
+    assert "| paper | Δ |" in md and "0.3458 | +0.0042" in md
+    rec = next(r for r in csv.DictReader(io.StringIO(report.to_csv(table))) if r["method"] == "GRPO")
+    assert float(rec["aime24_last_paper"]) == pytest.approx(0.3458)
+    assert _balanced(report.to_latex(table))
+
+
+def test_packaged_paper_results_match_the_reference_copy():
+    import os
+    from importlib import resources
+
+    shared = Path(os.environ.get("RPG_SHARED_DATA") or Path(__file__).resolve().parents[1].parent / "shared" / "data")
+    reference = shared / "paper_results.csv"
+    if not reference.is_file():
+        pytest.skip(f"no reference data at {shared}")
+    packaged = resources.files("rpg_cli").joinpath("data", "paper_results.csv").read_text(encoding="utf-8")
+    assert list(csv.DictReader(io.StringIO(packaged))) == list(csv.DictReader(io.StringIO(reference.read_text(encoding="utf-8"))))
+
+
+def test_paper_results_data_file_covers_the_papers_tables():
+    paper = report.paper_results()
+    assert {k[0] for k in paper} == {"Qwen3-4B", "Qwen2.5-7B-Instruct"}
+    assert paper[("Qwen3-4B", "8K", "RPG-UFKL", "aime24")] == (0.5938, 0.6177)
+    assert paper[("Qwen2.5-7B-Instruct", "2K", "RPG-REINFORCE-FKL", "amc23")] == (0.8727, 0.8727)
+
+
+# -------------------------------------------------------------------- sources other than rpg eval
+
+
+def test_training_validation_metrics_feed_the_table(store, fill):
+    run_id = fill.run(spec("dapo"))
+    fill.metrics(run_id, {
+        1: {"critic/score/mean": 0.1},
+        5: {"val-core/math_dapo/acc/mean@4": 0.25, "val-core/aime2025/acc/mean@4": 0.1, "val-core/amc_23/acc/maj@4/mean": 0.9},
+        10: {"val-core/math_dapo/acc/mean@4": 0.5, "val-core/aime2025/acc/mean@4": 0.05},
+    })  # fmt: skip
+    evaluated = fill.run(spec("grpo"))
+    fill.evals(evaluated, "aime24", {10: 0.7})
+    table = report.build_table(store)
+    assert table.benchmarks == ["aime24", "aime25"]
+    dapo = row_of(table, "DAPO")
+    assert (dapo.cells[("aime24", "last")].mean, dapo.cells[("aime24", "best")].mean) == (0.5, 0.5)
+    assert (dapo.cells[("aime25", "last")].mean, dapo.cells[("aime25", "best")].mean) == (0.05, 0.1)
+    assert row_of(table, "GRPO").cells[("aime24", "last")].mean == 0.7
+    fill.run(spec("reinforce_pp"))  # never evaluated: no row, but counted
+    table = report.build_table(store)
+    assert [r.method for g in table.groups for r in g.rows] == ["GRPO", "DAPO"]
+    assert table.sources == ["rpg eval (scorer dapo, mean@32): 1 run", "training validation (mean@4): 1 run",
+                             "not scored yet: 1 run"]  # fmt: skip
+    maj = report.build_table(store, metric="maj@k")
+    assert maj.benchmarks == ["amc23"] and row_of(maj, "DAPO").cells[("amc23", "best")].mean == 0.9
+
+
+def test_validation_copied_by_rpg_eval_is_used_under_the_papers_benchmark_names(store, fill):
+    from rpg_cli.evaluation.verl_val import VERL_SCORER, ingest_verl_val_metrics
+
+    assert report.VERL_VAL_SCORER == VERL_SCORER
+    copied = fill.run(spec("dapo"))
+    fill.metrics(copied, {5: {"val-core/math_dapo/acc/mean@32": 0.2, "val-core/math_dapo/acc/best@32/mean": 0.9,
+                              "val-core/math_dapo/acc/maj@32/mean": 0.3, "val-aux/math_dapo/acc/std@32": 0.4},
+                          10: {"val-core/math_dapo/acc/mean@32": 0.1}})  # fmt: skip
+    ingest_verl_val_metrics(store, copied, fill.root / f"{copied}.jsonl")
+    both = fill.run(spec("grpo"))
+    fill.evals(both, "aime24", {10: 0.6}, scorer="dapo")
+    fill.evals(both, "math_dapo", {10: 0.05}, metric="mean@k", scorer=VERL_SCORER)
+    table = report.build_table(store)
+    assert table.benchmarks == ["aime24"]
+    assert row_of(table, "DAPO").cells[("aime24", "last")].mean == 0.1
+    assert row_of(table, "DAPO").cells[("aime24", "best")].mean == 0.2
+    assert row_of(table, "GRPO").cells[("aime24", "last")].mean == 0.6  # rpg eval wins over the copy
+    maj = report.build_table(store, metric="maj@k")
+    assert [r.method for g in maj.groups for r in g.rows] == ["DAPO"] and maj.metric == "maj@32"
+    # verl's best@N is a biased bootstrap: never shown as pass@k
+    with pytest.raises(report.ReportError, match=r"no run has pass@k scores; logged: maj@32, mean@32"):
+        report.build_table(store, metric="pass@k")
+
+
+def test_explicit_k_and_benchmark_selection(store, grid, fill):
+    fill.evals(grid[("grpo", "none", 0)], "aime24", {5: 0.9}, metric="pass@8", k=8)
+    table = report.build_table(store, metric="pass@8")
+    assert [r.method for g in table.groups for r in g.rows] == ["GRPO"]
+    assert report.build_table(store, benchmarks=["aime25"]).benchmarks == ["aime25"]
+    with pytest.raises(report.ReportError, match="amc23.*scored: aime24, aime25"):
+        report.build_table(store, benchmarks=["amc23"])
+
+
+# ------------------------------------------------------------------------------------------ CLI
+
+
+def test_cli_table_formats_and_output_file(db, grid, tmp_path):
+    res = invoke("report", "--table", "--db", db)
+    assert res.exit_code == 0, res.output
+    assert "RPG-UFKL" in res.output and "0.5500 ± 0.0707" in res.output
+    res = invoke("report", "--table", "--format", "markdown", "--db", db)
+    assert res.exit_code == 0 and res.output.startswith("## ") and "| DAPO |" in res.output
+    out = tmp_path / "t" / "table.tex"
+    res = invoke("report", "--table", "--db", db, "--output", str(out))  # format from the suffix
+    assert res.exit_code == 0, res.output
+    assert out.read_text().count("\\begin{tabular}") == 1 and str(out) in res.output
+    res = invoke("report", "--table", "--format", "json", "--compare-paper", "--db", db)
+    assert res.exit_code == 0
+    assert json.loads(res.output)["groups"][0]["rows"][0]["cells"]["aime24"]["last"]["paper"] == pytest.approx(0.3458)
+
+
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["--sweep", "nope"], "no sweep 'nope' in the results store; sweeps: sw"),
+        (["--metric", "maj@k"], "no run has maj@k scores; logged: mean@32"),
+        (["--metric", "median"], "unknown metric 'median'"),
+        (["--format", "html"], "html"),
+    ],
+)
+def test_cli_bad_input_one_line_exit_2(db, grid, args, message):
+    res = invoke("report", "--table", "--db", db, *args)
+    assert res.exit_code == 2
+    assert message in res.output
+
+
+def test_cli_empty_and_missing_store(db, store, tmp_path):
+    res = invoke("report", "--table", "--db", db)
+    assert res.exit_code == 2 and "no runs yet" in res.output
+    res = invoke("report", "--table", "--db", str(tmp_path / "none.db"))
+    assert res.exit_code == 2 and "no results database" in res.output
+    assert not (tmp_path / "none.db").exists()
+
+
+def test_cli_runs_without_scores_say_so(db, fill):
+    fill.run(spec("grpo"))
+    res = invoke("report", "--table", "--db", db)
+    assert res.exit_code == 2 and "no evaluation scores yet" in res.output
+
+
+# ----------------------------------------------------------------------------------------- plots
+
+
+@pytest.fixture
+def curves(fill):
+    ids = []
+    for alg, kl, seed in (("grpo", "none", 0), ("dapo", "none", 0), ("rpg", "urkl", 0), ("rpg", "urkl", 1)):
+        run_id = fill.run(spec(alg, kl, seed))
+        rows = {}
+        for step in range(1, 21):
+            rows[step] = {"critic/score/mean": step / 20, "actor/entropy": 1 - step / 40,
+                          "response_length/mean": 100 + step, "actor/ppo_kl": 0.01 * step}  # fmt: skip
+            if alg != "dapo":
+                rows[step]["actor/kl_loss"] = 0.001 * step
+            if step % 5 == 0:
+                rows[step]["val-core/math_dapo/acc/mean@4"] = step / 40
+                rows[step]["val-core/aime2025/acc/mean@4"] = step / 80
+        fill.metrics(run_id, rows)
+        ids.append(run_id)
+    return ids
+
+
+def test_plot_figure_has_one_line_per_run_per_panel(store, curves):
+    fig = report.plot_training(store, metrics=["reward", "entropy", "response_length", "kl", "val"])
+    axes = [ax for ax in fig.axes if ax.get_visible() and ax.get_title()]
+    assert [ax.get_title() for ax in axes] == ["reward", "entropy", "response length", "kl", "val aime24", "val aime25"]
+    for ax in axes:
+        n = 3 if ax.get_title() == "kl" else 4  # kl: actor/kl_loss, which DAPO does not log
+        assert len(ax.get_lines()) == n, ax.get_title()
+        assert ax.get_xlabel() == "training step" and ax.get_ylabel()
+    labels = {line.get_label() for line in axes[0].get_lines()}
+    assert labels == {"GRPO · seed 0", "DAPO · seed 0", "RPG-URKL · seed 0", "RPG-URKL · seed 1"}
+    assert len(fig.legends) == 1  # one legend, outside the panels
+    val = axes[4].get_lines()[0]
+    assert list(val.get_xdata()) == [5, 10, 15, 20] and list(val.get_ydata()) == [0.125, 0.25, 0.375, 0.5]
+
+
+def test_plot_smoothing_is_a_trailing_moving_average(store, curves):
+    assert report.smooth([1.0, 2.0, 3.0, 4.0], 2) == [1.0, 1.5, 2.5, 3.5]
+    fig = report.plot_training(store, metrics=["response_length"], smooth_window=3)
+    ys = list(fig.axes[0].get_lines()[0].get_ydata())
+    assert ys[:3] == [101.0, 101.5, 102.0] and ys[-1] == pytest.approx(119.0)
+
+
+def test_cli_plot_writes_png_and_svg(db, curves, tmp_path):
+    out = tmp_path / "plots"
+    res = invoke("report", "--plot", "--metrics", "reward,val", "--smooth", "2", "--output", str(out), "--db", db)
+    assert res.exit_code == 0, res.output
+    png, svg = out / "training-all.png", out / "training-all.svg"
+    assert png.read_bytes()[:8] == PNG_MAGIC and svg.read_text().lstrip().startswith("<?xml")
+    assert str(png) in res.output and str(svg) in res.output
+    assert [p.name for p in out.iterdir()] and not list(out.glob(".*tmp"))
+
+
+def test_cli_plot_metric_nobody_logged(db, curves, tmp_path):
+    res = invoke("report", "--plot", "--metrics", "reward,grad_norm", "--output", str(tmp_path / "p"), "--db", db)
+    assert res.exit_code == 2
+    assert "nothing logged for grad_norm; plottable: entropy, kl, response_length, reward, val" in res.output
+    assert not (tmp_path / "p").exists()
+
+
+# ----------------------------------------------------------------------------------- run summary
+
+
+def test_runs_summary_columns_and_where(store, fill):
+    from datetime import datetime
+
+    a = fill.run(spec("rpg", "ufkl", optimizer="schedule_free", clip=(0.1, 0.1)))
+    b = fill.run(spec("grpo"))
+    fill.metrics(a, {1: {"critic/score/mean": 0.2}, 5: {"critic/score/mean": 0.4, "val-core/math_dapo/acc/mean@4": 0.5,
+                                                         "val-core/aime2025/acc/mean@4": 0.3}, 6: {"critic/score/mean": 0.45}})  # fmt: skip
+    store.set_status(a, "running", at=datetime(2026, 1, 1, 10, 0, 0))
+    store.set_status(a, "succeeded", at=datetime(2026, 1, 1, 11, 30, 0))
+    rows = {r["id"]: r for r in report.runs_summary(store)}
+    assert rows[a]["step"] == 6 and rows[a]["reward"] == 0.45 and rows[a]["val"] == pytest.approx(0.4)
+    assert rows[a]["wall_s"] == 5400 and report.wall_text(5400) == "1h30m"
+    assert rows[b]["step"] is None and rows[b]["wall_s"] is None
+    assert [r["id"] for r in report.runs_summary(store, where=["algorithm=rpg"])] == [a]
+    assert [r["id"] for r in report.runs_summary(store, where=["clip.eps_low=0.1", "optimizer!=adamw"])] == [a]
+    assert [r["id"] for r in report.runs_summary(store, where=["kl=ufkl,none"])] == [a, b]
+    with pytest.raises(report.ReportError, match="no spec field 'algo'"):
+        report.runs_summary(store, where=["algo=rpg"])
+
+
+def test_cli_plot_default_panels_skip_what_nobody_logged(db, fill, tmp_path):
+    run_id = fill.run(spec("grpo"))
+    fill.metrics(run_id, {1: {"critic/score/mean": 0.1}, 2: {"critic/score/mean": 0.3}})
+    res = invoke("report", "--plot", "--output", str(tmp_path / "p"), "--db", db)
+    assert res.exit_code == 0, res.output
+    assert (tmp_path / "p" / "training-all.png").read_bytes()[:8] == PNG_MAGIC
+    with_store = open_store(db)
+    fig = report.plot_training(with_store, metrics=report.DEFAULT_PLOT_METRICS, strict=False)
+    with_store.close()
+    assert [ax.get_title() for ax in fig.axes if ax.get_visible()] == ["reward"]
+
+
+def test_cli_runs_where_and_formats(db, store, fill):
+    a = fill.run(spec("rpg", "ufkl"), name="rpg-a")
+    fill.run(spec("grpo"), name="grpo-b")
+    fill.metrics(a, {3: {"critic/score/mean": 0.625, "val-core/aime2025/acc/mean@4": 0.5}})
+    res = invoke("runs", "--db", db, "--where", "algorithm=rpg", "--format", "json")
+    assert res.exit_code == 0, res.output
+    rows = json.loads(res.output)
+    assert [(r["name"], r["step"], r["reward"], r["val"]) for r in rows] == [("rpg-a", 3, 0.625, 0.5)]
+    res = invoke("runs", "--db", db, "--format", "csv")
+    records = list(csv.DictReader(io.StringIO(res.output)))
+    assert [r["name"] for r in records] == ["rpg-a", "grpo-b"] and records[1]["reward"] == ""
+    res = invoke("runs", "--db", db, "--where", "kl!=ufkl")
+    assert res.exit_code == 0 and "grpo-b" in res.output and "rpg-a" not in res.output and "val acc" in res.output
+    res = invoke("runs", "--db", db, "--where", "algo=rpg")
+    assert res.exit_code == 2 and "no spec field 'algo'; fields: algorithm" in res.output
+    res = invoke("runs", "--db", db, "--format", "xml")
+    assert res.exit_code == 2 and "allowed: table, csv, json" in res.output
