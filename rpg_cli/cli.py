@@ -275,7 +275,8 @@ def evaluate(
     except EvalError as e:
         _fail("eval", e)
     except KeyboardInterrupt:
-        typer.echo("rpg eval: interrupted; what was scored is stored: the same command resumes from there", err=True)
+        where = "" if local else "; the Ray job keeps running and the same command re-attaches to it"
+        typer.echo(f"rpg eval: interrupted; every sample scored so far is stored, the same command resumes{where}", err=True)
         raise typer.Exit(130) from None
     finally:
         store.close()
