@@ -460,7 +460,10 @@ def _sync(client: JobSubmissionClient, store: Store, run: RunRecord, job: JobDet
         return status
     started = _from_ms(job.start_time)
     if status in TERMINAL:
+        from rpg_cli.evaluation.verl_val import ingest_verl_val_metrics
+
         store.ingest_metrics(run.id, run.metrics_path)  # before the state: a terminal run is complete
+        ingest_verl_val_metrics(store, run.id, run.metrics_path)  # its own validation scores, under verl's names
         with contextlib.suppress(RuntimeError, OSError):
             _atomic_write(run.run_dir / "job.log", client.get_job_logs(run.submission_id))
         error = None if status == "succeeded" else (job.message or f"job {status}")

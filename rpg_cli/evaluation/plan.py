@@ -1,0 +1,434 @@
+"""What an `rpg eval` will do: which runs and checkpoints, on which problems, sampled how.
+
+Everything a user can get wrong (a missing checkpoint, an unknown benchmark, a data file that is not
+there or not verl's format) is found here, before any model is loaded or any job is submitted, and
+reported as one line. Pure Python plus pyarrow: no torch.
+
+RUN_OR_CHECKPOINT is, in this order of trial:
+  a path: a run directory (spec.json, checkpoints/), one checkpoint of a run (checkpoints/step_N of
+          the local backend; checkpoints/global_step_N[/actor[/huggingface]] of verl), or any HF model
+          directory (config.json; evaluated as step 0 of a run of its own in the sweep "checkpoints");
+  a reference to the results store: a run id, a unique id prefix, a run name, or a sweep (all its runs).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+from dataclasses import dataclass, field, fields
+from pathlib import Path
+from typing import Any
+
+from rpg_cli.store import DEFAULT_DB_URL
+
+DEFAULT_BENCHMARKS = ("aime24", "aime25", "amc23")
+ENGINES = ("auto", "vllm", "hf")
+PLAIN_SWEEP = "checkpoints"  # the sweep under which models that belong to no run are recorded
+DEFAULT_K = 32  # the paper's Mean@32, for models without a spec
+_STEP_DIR = re.compile(r"^(?:global_)?step_(\d+)$")
+_WEIGHT_FILES = ("*.safetensors", "pytorch_model*.bin", "model.safetensors.index.json")
+
+
+class EvalError(RuntimeError):
+    """Bad `rpg eval` input; the message is one line naming the problem and the fix."""
+
+
+@dataclass(frozen=True)
+class EvalOptions:
+    """The user's request, as typed: `plan_eval` turns it into an `EvalPlan`; a Ray job gets it as argv."""
+
+    ref: str
+    benchmarks: tuple[str, ...] = DEFAULT_BENCHMARKS
+    k: int | None = None  # samples per problem; default: the run's val.n (32 without a spec)
+    steps: str = "last"  # last | all | N,M,...
+    scorer: str = "dapo"
+    data_dir: str = "data"
+    db: str = DEFAULT_DB_URL
+    runs_dir: str = "runs"
+    engine: str = "auto"  # auto: vLLM when installed and a GPU is present, else transformers
+    temperature: float | None = None  # default: the run's val.temperature
+    top_p: float | None = None  # default: the run's val.top_p
+    max_tokens: int | None = None  # default: the run's response length (its context)
+    seed: int = 0
+
+    def to_argv(self) -> list[str]:
+        """The arguments of `python -m rpg_cli.evaluation` that rebuild these options."""
+        argv = [self.ref]
+        for f in fields(self)[1:]:
+            value = getattr(self, f.name)
+            if value is None:
+                continue
+            argv += [f"--{f.name.replace('_', '-')}", ",".join(value) if isinstance(value, tuple) else str(value)]
+        return argv
+
+
+@dataclass(frozen=True)
+class Sampling:
+    k: int
+    temperature: float
+    top_p: float
+    max_tokens: int
+    seed: int
+
+    def describe(self) -> dict[str, Any]:
+        return {"k": self.k, "temperature": self.temperature, "top_p": self.top_p,
+                "max_tokens": self.max_tokens, "seed": self.seed}  # fmt: skip
+
+
+@dataclass(frozen=True)
+class Problem:
+    messages: tuple[dict[str, str], ...]  # the chat prompt, as stored in the parquet row
+    ground_truth: str
+    data_source: str
+
+    @property
+    def key(self) -> str:
+        """Identifies the problem's content (prompt and answer), for cached responses."""
+        text = json.dumps([list(self.messages), self.ground_truth], sort_keys=True, ensure_ascii=True)
+        return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+@dataclass(frozen=True)
+class Benchmark:
+    name: str  # what the store records: the preset name (aime24) or the file's stem
+    path: Path
+    problems: tuple[Problem, ...]  # unique problems, in order of first appearance in the file
+    rows: int  # rows in the file (problems x repeats)
+
+
+@dataclass(frozen=True)
+class Checkpoint:
+    step: int
+    path: Path  # an HF model directory (config, tokenizer, weights)
+
+
+@dataclass(frozen=True)
+class Target:
+    """One run (or stand-alone model) and the checkpoints of it to evaluate."""
+
+    run_id: str
+    name: str
+    sweep: str
+    run_dir: Path  # where eval/ (cached responses) goes
+    spec: dict[str, Any] | None  # the run's canonical spec; None for a stand-alone model
+    checkpoints: tuple[Checkpoint, ...]
+    sampling: Sampling
+    known: bool  # already recorded in the store
+
+    @property
+    def eval_dir(self) -> Path:
+        return self.run_dir / "eval"
+
+    @property
+    def metrics_path(self) -> Path:
+        return self.run_dir / "metrics.jsonl"
+
+
+@dataclass(frozen=True)
+class EvalPlan:
+    options: EvalOptions
+    targets: tuple[Target, ...]
+    benchmarks: tuple[Benchmark, ...]
+    skipped: tuple[str, ...] = field(default=())  # runs of a sweep without checkpoints, with why
+
+    @property
+    def scorer(self) -> str:
+        return self.options.scorer
+
+    @property
+    def total_samples(self) -> int:
+        problems = sum(len(b.problems) for b in self.benchmarks)
+        return sum(len(t.checkpoints) * t.sampling.k * problems for t in self.targets)
+
+
+# ------------------------------------------------------------------------------------------ planning
+
+
+def plan_eval(options: EvalOptions) -> EvalPlan:
+    """Resolve and check everything `options` names; raises EvalError (one line) on bad input."""
+    from rpg_cli.rewards import SCORERS
+
+    if options.scorer not in SCORERS:
+        raise EvalError(f"unknown scorer {options.scorer!r}; choose one of: {', '.join(SCORERS)}")
+    if options.engine not in ENGINES:
+        raise EvalError(f"unknown engine {options.engine!r}; choose one of: {', '.join(ENGINES)}")
+    if options.k is not None and options.k < 1:
+        raise EvalError(f"--k must be at least 1, got {options.k}")
+    if options.max_tokens is not None and options.max_tokens < 1:
+        raise EvalError(f"--max-tokens must be at least 1, got {options.max_tokens}")
+    if options.top_p is not None and not 0 < options.top_p <= 1:
+        raise EvalError(f"--top-p must be in (0, 1], got {options.top_p}")
+    if options.temperature is not None and options.temperature < 0:
+        raise EvalError(f"--temperature must be >= 0, got {options.temperature}")
+    parse_steps(options.steps)
+    if not options.benchmarks:
+        raise EvalError(f"no benchmark given; pass --benchmarks with any of {', '.join(DEFAULT_BENCHMARKS)} or a parquet file")
+    targets, skipped = _resolve_targets(options)
+    benchmarks = tuple(load_benchmark(name, Path(options.data_dir)) for name in dict.fromkeys(options.benchmarks))
+    if len({b.name for b in benchmarks}) != len(benchmarks):
+        raise EvalError("two benchmarks have the same name (a file's stem names it); rename one of the files")
+    return EvalPlan(options, tuple(targets), benchmarks, tuple(skipped))
+
+
+def parse_steps(steps: str) -> str | list[int]:
+    """'last' | 'all' | [N, M, ...]."""
+    text = steps.strip()
+    if text in ("last", "all"):
+        return text
+    try:
+        chosen = sorted({int(part) for part in text.split(",") if part.strip()})
+    except ValueError:
+        chosen = []
+    if not chosen or chosen[0] < 0:
+        raise EvalError(f"--steps {steps!r}: expected last, all, or step numbers like 100,200")
+    return chosen
+
+
+def _resolve_targets(options: EvalOptions) -> tuple[list[Target], list[str]]:
+    path = Path(options.ref)
+    if path.exists():
+        return [_target_from_path(path, options)], []
+    records = _lookup(options.ref, options.db)
+    if not records:
+        raise EvalError(
+            f"{options.ref!r} is not a checkpoint, run directory or model directory, nor a run or sweep in "
+            f"the results store ({options.db}); give a path, or a run id/name from `rpg runs`"
+        )
+    targets, skipped = [], []
+    for record in records:
+        try:
+            targets.append(_target(record.id, record.name, record.sweep, Path(record.run_dir), record.spec,
+                                   _select(Path(record.run_dir), options.steps), options, known=True))  # fmt: skip
+        except EvalError as e:
+            if len(records) == 1:
+                raise
+            skipped.append(f"{record.name}: {e}")
+    if not targets:
+        raise EvalError(f"no run of {options.ref!r} has a checkpoint to evaluate ({skipped[0]})")
+    return targets, skipped
+
+
+def _lookup(ref: str, db: str) -> list:
+    from rpg_cli.store import StoreError, open_store
+
+    try:
+        store = open_store(db, create=False)
+    except StoreError:
+        return []
+    try:
+        return store.resolve(ref)
+    except Exception as e:  # an existing database without rpg's tables: nothing recorded in it
+        if "no such table" in str(e) or "does not exist" in str(e):
+            return []
+        raise
+    finally:
+        store.close()
+
+
+def _target_from_path(path: Path, options: EvalOptions) -> Target:
+    path = path.resolve()
+    checkpoint = _as_checkpoint(path)
+    if checkpoint is not None:
+        step, model_dir, run_dir = checkpoint
+        if options.steps not in ("last",):
+            raise EvalError(f"--steps {options.steps} applies to runs; {path} is one checkpoint (step {step}): "
+                            "give the run directory to choose steps")  # fmt: skip
+        if run_dir is not None and (run_dir / "spec.json").is_file():
+            return _run_dir_target(run_dir, [Checkpoint(step, model_dir)], options)
+        return _plain_target(model_dir, step, options, run_dir=run_dir)
+    if (path / "spec.json").is_file() or (path / "checkpoints").is_dir():
+        return _run_dir_target(path, _select(path, options.steps), options)
+    if (path / "config.json").is_file():
+        if not _has_weights(path):
+            raise EvalError(f"{path} has a config.json but no weights (*.safetensors, pytorch_model*.bin)")
+        return _plain_target(path, 0, options)
+    raise EvalError(f"{path} is not a run directory (spec.json, checkpoints/), a checkpoint (step_N, global_step_N) "
+                    "or an HF model directory (config.json)")  # fmt: skip
+
+
+def _as_checkpoint(path: Path) -> tuple[int, Path, Path | None] | None:
+    """(step, HF model directory, run directory or None) when `path` is one checkpoint of a run."""
+    if _STEP_DIR.match(path.name):
+        step_dir = path
+    elif path.name == "actor" and _STEP_DIR.match(path.parent.name):
+        step_dir = path.parent
+    elif path.name == "huggingface" and path.parent.name == "actor" and _STEP_DIR.match(path.parent.parent.name):
+        step_dir = path.parent.parent
+    else:
+        return None
+    match = _STEP_DIR.match(step_dir.name)
+    assert match is not None
+    model_dir = _model_dir(step_dir)
+    if model_dir is None:
+        raise EvalError(_no_weights(step_dir))
+    run_dir = step_dir.parent.parent if step_dir.parent.name == "checkpoints" else None
+    return int(match.group(1)), model_dir, run_dir
+
+
+def _model_dir(step_dir: Path) -> Path | None:
+    """The HF model inside a checkpoint: the directory itself (local backend) or verl's actor/huggingface."""
+    for candidate in (step_dir, step_dir / "actor" / "huggingface"):
+        if (candidate / "config.json").is_file() and _has_weights(candidate):
+            return candidate
+    return None
+
+
+def _has_weights(directory: Path) -> bool:
+    return any(any(directory.glob(pattern)) for pattern in _WEIGHT_FILES)
+
+
+def _no_weights(step_dir: Path) -> str:
+    return (f"{step_dir} holds no HF model weights; for verl runs set actor_rollout_ref.actor.checkpoint.save_contents "
+            "to include hf_model, or merge the checkpoint with `python -m verl.model_merger merge`")  # fmt: skip
+
+
+def find_checkpoints(run_dir: Path) -> dict[int, Path | None]:
+    """Every checkpoint step of a run and its HF model directory (None: saved without HF weights)."""
+    root = Path(run_dir) / "checkpoints"
+    found: dict[int, Path | None] = {}
+    if root.is_dir():
+        for entry in root.iterdir():
+            match = _STEP_DIR.match(entry.name)
+            if match and entry.is_dir():
+                step = int(match.group(1))
+                found[step] = found.get(step) or _model_dir(entry)
+    return dict(sorted(found.items()))
+
+
+def _select(run_dir: Path, steps: str) -> list[Checkpoint]:
+    found = find_checkpoints(run_dir)
+    usable = {s: p for s, p in found.items() if p is not None}
+    if not found:
+        raise EvalError(f"{run_dir} has no checkpoints yet (checkpoints/step_N or checkpoints/global_step_N)")
+    wanted = parse_steps(steps)
+    if wanted == "all":
+        if not usable:
+            raise EvalError(_no_weights(_step_dir(run_dir, max(found))))
+        return [Checkpoint(s, p) for s, p in usable.items()]
+    if wanted == "last":
+        wanted = [max(found)]
+    missing = [s for s in wanted if s not in found]
+    if missing:
+        raise EvalError(f"{run_dir} has no checkpoint for step {', '.join(map(str, missing))}; "
+                        f"its steps: {', '.join(map(str, found))}")  # fmt: skip
+    for s in wanted:
+        if found[s] is None:
+            raise EvalError(_no_weights(_step_dir(run_dir, s)))
+    return [Checkpoint(s, usable[s]) for s in wanted]
+
+
+def _step_dir(run_dir: Path, step: int) -> Path:
+    for name in (f"global_step_{step}", f"step_{step}"):
+        if (run_dir / "checkpoints" / name).is_dir():
+            return run_dir / "checkpoints" / name
+    return run_dir / "checkpoints" / f"step_{step}"
+
+
+def _run_dir_target(run_dir: Path, checkpoints: list[Checkpoint], options: EvalOptions) -> Target:
+    spec_path = run_dir / "spec.json"
+    if not spec_path.is_file():
+        return _plain_target(checkpoints[0].path, checkpoints[0].step, options, checkpoints, run_dir)
+    try:
+        spec = json.loads(spec_path.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as e:
+        raise EvalError(f"{spec_path}: not a readable spec ({e}); rewrite it with `rpg sweep`") from None
+    from rpg_cli.spec import ExperimentSpec, SpecError
+
+    try:
+        validated = ExperimentSpec.model_validate(spec)
+    except (SpecError, ValueError) as e:
+        raise EvalError(f"{spec_path}: not a valid run spec ({str(e).splitlines()[0]})") from None
+    run_id = validated.run_id
+    records = _lookup(run_id, options.db)
+    if records and records[0].id == run_id:
+        r = records[0]
+        return _target(r.id, r.name, r.sweep, Path(r.run_dir), r.spec, checkpoints, options, known=True)
+    return _target(run_id, validated.run_name, run_dir.parent.name, run_dir, validated.canonical(), checkpoints,
+                   options, known=False)  # fmt: skip
+
+
+def _plain_target(model_dir: Path, step: int, options: EvalOptions, checkpoints: list[Checkpoint] | None = None,
+                  run_dir: Path | None = None) -> Target:  # fmt: skip
+    """A model that belongs to no known run: recorded as a run of its own, named after its directory."""
+    origin = run_dir or model_dir
+    run_id = "hf-" + hashlib.sha256(str(origin).encode()).hexdigest()[:8]
+    name = f"{origin.name}-{run_id[3:]}"
+    known = bool(_lookup(run_id, options.db))
+    home = run_dir or Path(options.runs_dir).resolve() / PLAIN_SWEEP / name
+    return _target(run_id, name, PLAIN_SWEEP, home, None, checkpoints or [Checkpoint(step, model_dir)], options, known)
+
+
+def _target(run_id: str, name: str, sweep: str, run_dir: Path, spec: dict[str, Any] | None,
+            checkpoints: list[Checkpoint], options: EvalOptions, known: bool) -> Target:  # fmt: skip
+    return Target(run_id, name, sweep, run_dir, spec, tuple(checkpoints), sampling_for(spec, options), known)
+
+
+def sampling_for(spec: dict[str, Any] | None, options: EvalOptions) -> Sampling:
+    """The run's validation sampling (val.n, val.temperature, val.top_p, its response length), with the
+    user's overrides; the spec defaults for a model without a spec."""
+    from rpg_cli.spec import CONTEXT_LENGTHS, Val
+
+    val = {**Val().model_dump(), **((spec or {}).get("val") or {})}
+    context = (spec or {}).get("context", "4k")
+    return Sampling(
+        k=options.k if options.k is not None else (int(val["n"]) if spec else DEFAULT_K),
+        temperature=options.temperature if options.temperature is not None else float(val["temperature"]),
+        top_p=options.top_p if options.top_p is not None else float(val["top_p"]),
+        max_tokens=options.max_tokens if options.max_tokens is not None else CONTEXT_LENGTHS[context][1],
+        seed=options.seed,
+    )
+
+
+# ---------------------------------------------------------------------------------------- benchmarks
+
+
+def benchmark_files() -> dict[str, str]:
+    """Benchmark name -> the file `rpg prepare-data` writes for it (the evaluation presets)."""
+    from rpg_cli.datasets.sources import PRESETS
+
+    return {name: preset.filename for name, preset in PRESETS.items() if preset.repeat > 1}
+
+
+def load_benchmark(name: str, data_dir: Path) -> Benchmark:
+    """A benchmark by preset name (its file in `data_dir`) or a path to any prepared parquet."""
+    files = benchmark_files()
+    if name in files:
+        path = Path(data_dir) / files[name]
+        if not path.is_file():
+            raise EvalError(f"no {path} for benchmark {name}: write it with `rpg prepare-data {name}` "
+                            f"(or pass --data-dir DIR where it is)")  # fmt: skip
+        bench_name = name
+    elif name.endswith(".parquet") or "/" in name:
+        path = Path(name)
+        if not path.is_file():
+            raise EvalError(f"benchmark file {path} does not exist; write it with `rpg prepare-data --input FILE`")
+        bench_name = path.stem
+    else:
+        raise EvalError(f"unknown benchmark {name!r}; choose from {', '.join(files)}, or give a prepared .parquet file")
+    problems, rows = read_problems(path)
+    return Benchmark(bench_name, path.resolve(), problems, rows)
+
+
+def read_problems(path: Path) -> tuple[tuple[Problem, ...], int]:
+    """The unique problems of a verl-format parquet (its rows repeat each problem k times)."""
+    import pyarrow.parquet as pq
+
+    try:
+        records = pq.read_table(path, columns=["prompt", "reward_model", "data_source"]).to_pylist()
+    except Exception as e:  # pyarrow raises several types for missing columns and bad files
+        raise EvalError(f"{path}: not a verl-format parquet with prompt, reward_model, data_source "
+                        f"({type(e).__name__}); write it with `rpg prepare-data`") from None  # fmt: skip
+    unique: dict[str, Problem] = {}
+    for row, record in enumerate(records):
+        messages, reward = record["prompt"], record["reward_model"] or {}
+        if not messages or not all(isinstance(m, dict) and m.get("content") for m in messages):
+            raise EvalError(f"{path}: row {row} has no prompt messages; rewrite the file with `rpg prepare-data`")
+        if reward.get("ground_truth") in (None, ""):
+            raise EvalError(f"{path}: row {row} has no reward_model.ground_truth; rewrite the file with `rpg prepare-data`")
+        problem = Problem(tuple({"role": m.get("role") or "user", "content": m["content"]} for m in messages),
+                          str(reward["ground_truth"]), str(record["data_source"]))  # fmt: skip
+        unique.setdefault(problem.key, problem)
+    if not unique:
+        raise EvalError(f"{path} has no rows; write it with `rpg prepare-data`")
+    return tuple(unique.values()), len(records)

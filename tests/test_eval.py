@@ -1,0 +1,411 @@
+"""`rpg eval` end to end on CPU: a tiny local model, a 3-problem set, k = 4, the real CLI, a real SQLite store.
+
+The tiny model is a toy-vocabulary Llama trained for a moment to answer "Answer: 3" or "Answer: 7"
+(at random), so that on the problems below (answers 3, 7, 5) some samples are right and some wrong.
+Every stored metric is recomputed here from the stored samples with plain combinatorics.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import random
+import shutil
+import sqlite3
+import statistics
+from collections import Counter
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+torch = pytest.importorskip("torch")
+pytest.importorskip("transformers")
+
+from rpg_cli.cli import app  # noqa: E402
+from rpg_cli.evaluation import EvalError, EvalOptions, ingest_verl_val_metrics, plan_eval  # noqa: E402
+from rpg_cli.evaluation.__main__ import parse_args  # noqa: E402
+from rpg_cli.evaluation.generation import HFGenerator  # noqa: E402
+from rpg_cli.plan import RunPlan  # noqa: E402
+from rpg_cli.spec import ExperimentSpec  # noqa: E402
+from rpg_cli.store import open_store  # noqa: E402
+
+PROBLEMS = [("1+2=", "3"), ("3+4=", "7"), ("2+2=", "5")]
+K = 4
+MAX_TOKENS = 12
+
+
+def build_model(out: Path) -> Path:
+    from rpg_cli.datasets.toy import build_model as toy_model
+    from rpg_cli.datasets.toy import build_tokenizer
+
+    torch.set_num_threads(1)  # two busy cores: more threads only contend
+    tokenizer = build_tokenizer()
+    model = toy_model(tokenizer, seed=0)
+    rng = random.Random(0)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=3e-3)
+    for _ in range(60):
+        batch = [(rng.choice(PROBLEMS)[0], f"Answer: {rng.choice('37')}") for _ in range(32)]
+        prompt = tokenizer([q for q, _ in batch], add_special_tokens=False)["input_ids"]
+        target = tokenizer([a for _, a in batch], add_special_tokens=False)["input_ids"]
+        ids = torch.tensor([p + t + [tokenizer.eos_token_id] for p, t in zip(prompt, target)])
+        labels = ids.clone()
+        labels[:, : len(prompt[0])] = -100
+        loss = model(input_ids=ids, labels=labels).loss
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+    model.eval()
+    model.save_pretrained(out)
+    tokenizer.save_pretrained(out)
+    return out
+
+
+def write_problems(path: Path, copies: int = 3) -> Path:
+    """The 3 problems, each repeated `copies` times in shuffled order, as prepare-data writes eval sets."""
+    from rpg_cli.datasets.pipeline import rows_to_batch, write_verl_parquet
+    from rpg_cli.datasets.toy import toy_row
+
+    rows = [toy_row(q, a, copy) for copy in range(copies) for q, a in PROBLEMS]
+    random.Random(1).shuffle(rows)
+    write_verl_parquet([rows_to_batch(rows)], path)
+    return path
+
+
+@pytest.fixture(scope="module")
+def assets(tmp_path_factory):
+    root = tmp_path_factory.mktemp("eval-assets")
+    return {"model": build_model(root / "model"), "data": write_problems(root / "toy3.parquet")}
+
+
+def make_spec(model: Path) -> ExperimentSpec:
+    return ExperimentSpec.model_validate({
+        "algorithm": "rpg_reinforce", "kl": "urkl", "beta": 1e-4, "clip": {"eps_low": 0.2, "eps_high": 0.28},
+        "optimizer": "adamw", "context": "2k", "model": str(model), "data": {"train_files": ["x.parquet"]},
+        "train_batch_size": 2, "rollout_n": 2, "ppo_mini_batch_size": 2, "lr": 1e-4, "steps": 2, "seed": 0,
+        "val": {"n": K, "temperature": 0.9, "top_p": 0.95}, "save_every": 1, "backend": "local",
+        "resources": {"gpus_per_node": 0, "cpus": 1},
+    })  # fmt: skip
+
+
+VERL_LINES = [
+    {"step": 1, "data": {"critic/score/mean": 0.1, "val-core/aime2025/acc/mean@32": 0.25,
+                         "val-core/aime2025/acc/best@32/mean": 0.6, "val-core/aime2025/acc/best@32/std": 0.05,
+                         "val-core/aime2025/acc/maj@32/mean": 0.3, "val-aux/aime2025/acc/std@32": 0.4,
+                         "val-aux/aime2025/acc/best@2/mean": 0.35, "val-aux/aime2025/score/mean@32": -0.5,
+                         "val-core/math_dapo/reward/mean@32": 0.9}},
+    {"step": 2, "data": {"val-core/aime2025/acc/mean@32": 0.5, "val-core/amc_23/acc/mean@32": float("nan")}},
+]  # fmt: skip
+
+
+def make_run(root: Path, model: Path, db: str, steps=(1, 2), layout: str = "local", record: bool = True) -> ExperimentSpec:
+    """runs/<sweep>/<run>/ with spec.json, checkpoints of `steps` and a metrics.jsonl with verl val keys."""
+    spec = make_spec(model)
+    run_dir = root / "runs" / "s1" / spec.run_name
+    for step in steps:
+        where = run_dir / "checkpoints" / (f"step_{step}" if layout == "local" else f"global_step_{step}/actor/huggingface")
+        shutil.copytree(model, where)
+    (run_dir / "spec.json").write_text(json.dumps(spec.canonical()))
+    (run_dir / "metrics.jsonl").write_text("".join(json.dumps(line) + "\n" for line in VERL_LINES))
+    if record:
+        store = open_store(db)
+        store.record_plans([RunPlan(spec.run_id, spec.run_name, "s1", "local", spec.canonical(), run_dir, [])])
+        store.close()
+    return spec
+
+
+def rpg(*args: str):
+    return CliRunner().invoke(app, list(args))
+
+
+def query(db_file: Path, sql: str, *params):
+    con = sqlite3.connect(db_file)
+    try:
+        return con.execute(sql, params).fetchall()
+    finally:
+        con.close()
+
+
+def evals(db_file: Path, run_id: str, scorer: str = "dapo", benchmark: str = "toy3") -> dict[tuple[int, str, int], float]:
+    rows = query(db_file, "SELECT step, metric, k, value FROM evals WHERE run_id=? AND scorer=? AND benchmark=?",
+                 run_id, scorer, benchmark)
+    return {(step, metric, k): value for step, metric, k, value in rows}
+
+
+def recompute(samples: list[tuple[int, int, str | None, int]]) -> dict[tuple[str, int], float]:
+    """mean@n, pass@k (1 - C(n-c, k)/C(n, k)), maj@n and std@n from (problem, index, extracted, correct) rows."""
+    by_problem: dict[int, list[tuple[str | None, bool]]] = {}
+    for problem, _, extracted, correct in sorted(samples):
+        by_problem.setdefault(problem, []).append((extracted, bool(correct)))
+    groups = list(by_problem.values())
+    n = len(groups[0])
+    out = {("mean@k", n): sum(sum(c for _, c in g) / n for g in groups) / len(groups)}
+    for k in sorted({2**e for e in range(n.bit_length())} | {n}):
+        out[("pass@k", k)] = sum(1 - math.comb(n - sum(c for _, c in g), k) / math.comb(n, k) for g in groups) / len(groups)
+    maj = 0.0
+    for g in groups:
+        votes = Counter(a for a, _ in g if a is not None)
+        if votes:
+            top = max(votes.values())
+            winner = next(a for a, _ in g if a is not None and votes[a] == top)
+            maj += next(c for a, c in g if a == winner)
+    out[("maj@k", n)] = maj / len(groups)
+    out[("std@k", n)] = statistics.pstdev([sum(g[j][1] for g in groups) / len(groups) for j in range(n)])
+    return out
+
+
+@pytest.fixture
+def count_generation(monkeypatch):
+    calls = {"load": 0, "generate": 0}
+    original_init, original_generate = HFGenerator.__init__, HFGenerator.generate
+
+    def init(self, *args, **kwargs):
+        calls["load"] += 1
+        original_init(self, *args, **kwargs)
+
+    def generate(self, problems, seeds, sampling):
+        calls["generate"] += len(problems)
+        return original_generate(self, problems, seeds, sampling)
+
+    monkeypatch.setattr(HFGenerator, "__init__", init)
+    monkeypatch.setattr(HFGenerator, "generate", generate)
+    return calls
+
+
+# ------------------------------------------------------------------------------- end to end
+
+
+def test_run_is_evaluated_end_to_end_and_the_store_agrees_with_its_samples(assets, tmp_path, count_generation):
+    db_file = tmp_path / "results.db"
+    db = f"sqlite:///{db_file}"
+    spec = make_run(tmp_path, assets["model"], db)
+    result = rpg("eval", spec.run_name, "-b", str(assets["data"]), "--k", str(K), "--local", "--db", db,
+                 "--max-tokens", str(MAX_TOKENS), "--runs-dir", str(tmp_path / "runs"))  # fmt: skip
+    assert result.exit_code == 0, result.output
+    assert spec.run_name in result.output and "mean@k" in result.output
+    assert count_generation == {"load": 1, "generate": 3}  # 3 unique problems out of 9 rows, the last step only
+
+    samples = query(db_file, "SELECT problem, sample_index, extracted, correct, response_length, step, benchmark, scorer "
+                             "FROM samples WHERE run_id=?", spec.run_id)  # fmt: skip
+    assert len(samples) == 3 * K
+    assert {(s[5], s[6], s[7]) for s in samples} == {(2, "toy3", "dapo")}  # --steps last = 2
+    assert sorted((s[0], s[1]) for s in samples) == [(p, j) for p in range(3) for j in range(K)]
+    assert all(1 <= s[4] <= MAX_TOKENS for s in samples)
+    # problems are numbered in order of first appearance in the (shuffled, repeated) file
+    first_seen = list(dict.fromkeys(r["prompt"][0]["content"] for r in _rows(assets["data"])))
+    truths = {p: dict(PROBLEMS)[q] for p, q in enumerate(first_seen)}
+    assert len(first_seen) == 3
+    for problem, _, extracted, correct, *_ in samples:
+        assert bool(correct) == (extracted == truths[problem])
+    verdicts = [bool(s[3]) for s in samples]
+    assert any(verdicts) and not all(verdicts)  # the numbers below are not trivially 0 or 1
+
+    stored = evals(db_file, spec.run_id)
+    expected = recompute([s[:4] for s in samples])
+    assert {(m, k) for (_, m, k) in stored} == set(expected)
+    for (step, metric, k), value in stored.items():
+        assert step == 2
+        assert value == pytest.approx(expected[(metric, k)], abs=1e-12), (metric, k)
+    versions = query(db_file, "SELECT DISTINCT scorer_version FROM evals WHERE run_id=? AND scorer='dapo'", spec.run_id)
+    assert versions == [("dapo-1",)]
+    # the run's own validation metrics came along, under verl's names
+    verl = evals(db_file, spec.run_id, scorer="verl-val", benchmark="aime2025")
+    assert verl[(1, "mean@k", 32)] == pytest.approx(0.25) and verl[(2, "mean@k", 32)] == pytest.approx(0.5)
+
+
+def _rows(path: Path) -> list[dict]:
+    import pyarrow.parquet as pq
+
+    return pq.read_table(path).to_pylist()
+
+
+def test_resume_generates_only_what_is_missing_and_rescoring_reuses_responses(assets, tmp_path, count_generation):
+    db_file = tmp_path / "results.db"
+    db = f"sqlite:///{db_file}"
+    args = ["eval", str(assets["model"]), "-b", str(assets["data"]), "--k", str(K), "--local", "--db", db,
+            "--max-tokens", str(MAX_TOKENS), "--runs-dir", str(tmp_path / "runs")]  # fmt: skip
+    assert rpg(*args).exit_code == 0
+    assert count_generation == {"load": 1, "generate": 3}
+    (run_id,) = query(db_file, "SELECT id FROM runs")[0]
+    first = evals(db_file, run_id)
+    assert query(db_file, "SELECT sweep, status FROM runs") == [("checkpoints", "succeeded")]
+
+    # everything scored: nothing generated, the model is not even loaded
+    assert rpg(*args).exit_code == 0
+    assert count_generation == {"load": 1, "generate": 3}
+
+    # one problem lost from the store and from the response cache (as if killed mid-way): only it is redone
+    con = sqlite3.connect(db_file)
+    con.execute("DELETE FROM samples WHERE problem = 1")
+    con.execute("DELETE FROM evals")
+    con.commit()
+    con.close()
+    (cache,) = (tmp_path / "runs").glob("checkpoints/*/eval/step_0/toy3.jsonl")
+    lines = cache.read_text().splitlines()
+    assert len(lines) == 3
+    cache.write_text("\n".join(lines[:1] + lines[2:]) + "\n" + lines[1][:20])  # problem 1's line torn
+    assert rpg(*args).exit_code == 0
+    assert count_generation == {"load": 2, "generate": 4}
+    assert len(query(db_file, "SELECT * FROM samples")) == 3 * K
+    again = evals(db_file, run_id)
+    assert set(again) == set(first)  # recomputed from the stored samples (problem 1 was sampled again, same seed)
+    assert again == pytest.approx(first)
+
+    # another scorer: the cached responses are rescored, nothing is generated
+    assert rpg(*args, "--scorer", "math_verify").exit_code == 0
+    assert count_generation["generate"] == 4
+    mv = query(db_file, "SELECT count(*), max(scorer_version) FROM samples s JOIN evals e USING (run_id) "
+                        "WHERE s.scorer='math_verify' AND e.scorer='math_verify' AND e.metric='mean@k'")  # fmt: skip
+    assert mv[0][0] == 3 * K and mv[0][1].startswith("math-verify")
+
+
+def test_steps_select_checkpoints(assets, tmp_path, count_generation):
+    db_file = tmp_path / "results.db"
+    db = f"sqlite:///{db_file}"
+    spec = make_run(tmp_path, assets["model"], db, steps=(1, 2, 3))
+    options = EvalOptions(ref=spec.run_name, benchmarks=(str(assets["data"]),), db=db)
+    steps_of = lambda s: [c.step for c in plan_eval(EvalOptions(**{**options.__dict__, "steps": s})).targets[0].checkpoints]  # noqa: E731
+    assert steps_of("last") == [3]
+    assert steps_of("all") == [1, 2, 3]
+    assert steps_of("3,1") == [1, 3]
+    with pytest.raises(EvalError, match="no checkpoint for step 7; its steps: 1, 2, 3"):
+        steps_of("7")
+    result = rpg("eval", spec.run_id, "-b", str(assets["data"]), "--steps", "1,3", "--local", "--db", db,
+                 "--max-tokens", str(MAX_TOKENS), "--k", "2")  # fmt: skip
+    assert result.exit_code == 0, result.output
+    assert {s for (s, m, k) in evals(db_file, spec.run_id) if m == "mean@k"} == {1, 3}
+    assert count_generation["load"] == 2  # one model per checkpoint
+
+
+def test_sampling_comes_from_the_run_spec_unless_overridden(assets, tmp_path):
+    db = f"sqlite:///{tmp_path / 'results.db'}"
+    spec = make_run(tmp_path, assets["model"], db)
+    sampling = plan_eval(EvalOptions(ref=spec.run_name, benchmarks=(str(assets["data"]),), db=db)).targets[0].sampling
+    assert (sampling.k, sampling.temperature, sampling.top_p, sampling.max_tokens) == (K, 0.9, 0.95, 2048)
+    sampling = plan_eval(EvalOptions(ref=spec.run_name, benchmarks=(str(assets["data"]),), db=db, k=8, top_p=0.5,
+                                     temperature=0.0, max_tokens=64)).targets[0].sampling  # fmt: skip
+    assert (sampling.k, sampling.temperature, sampling.top_p, sampling.max_tokens) == (8, 0.0, 0.5, 64)
+
+
+def test_verl_checkpoint_layouts(assets, tmp_path):
+    db = f"sqlite:///{tmp_path / 'results.db'}"
+    spec = make_run(tmp_path, assets["model"], db, steps=(5,), layout="verl", record=False)
+    run_dir = tmp_path / "runs" / "s1" / spec.run_name
+    (run_dir / "checkpoints" / "global_step_10" / "actor").mkdir(parents=True)  # saved without hf_model
+    bench = (str(assets["data"]),)
+    plan = plan_eval(EvalOptions(ref=str(run_dir), benchmarks=bench, db=db, steps="all"))
+    (target,) = plan.targets
+    assert target.run_id == spec.run_id and not target.known
+    assert [(c.step, c.path) for c in target.checkpoints] == [(5, run_dir / "checkpoints/global_step_5/actor/huggingface")]
+    with pytest.raises(EvalError, match="hf_model"):
+        plan_eval(EvalOptions(ref=str(run_dir), benchmarks=bench, db=db))  # the last step has no HF weights
+    for ref in ("global_step_5", "global_step_5/actor", "global_step_5/actor/huggingface"):
+        (target,) = plan_eval(EvalOptions(ref=str(run_dir / "checkpoints" / ref), benchmarks=bench, db=db)).targets
+        assert (target.run_id, [c.step for c in target.checkpoints]) == (spec.run_id, [5])
+
+
+def test_verl_validation_metrics_are_ingested_under_verl_names(tmp_path):
+    db_file = tmp_path / "results.db"
+    store = open_store(f"sqlite:///{db_file}")
+    path = tmp_path / "metrics.jsonl"
+    path.write_text("".join(json.dumps(line) + "\n" for line in VERL_LINES) + '{"step": 3, "data": {"val-core/x/acc/me')
+    try:
+        assert ingest_verl_val_metrics(store, "r1", path) == 8
+        assert ingest_verl_val_metrics(store, "r1", path) == 8  # upserts: idempotent
+        assert ingest_verl_val_metrics(store, "r1", tmp_path / "missing.jsonl") == 0
+    finally:
+        store.close()
+    rows = query(db_file, "SELECT step, benchmark, metric, k, scorer, value FROM evals ORDER BY step, benchmark, metric, k")
+    assert rows == [
+        (1, "aime2025", "best@k/mean", 2, "verl-val", 0.35),
+        (1, "aime2025", "best@k/mean", 32, "verl-val", 0.6),
+        (1, "aime2025", "best@k/std", 32, "verl-val", 0.05),
+        (1, "aime2025", "maj@k/mean", 32, "verl-val", 0.3),
+        (1, "aime2025", "mean@k", 32, "verl-val", 0.25),
+        (1, "aime2025", "std@k", 32, "verl-val", 0.4),
+        (2, "aime2025", "mean@k", 32, "verl-val", 0.5),
+        (2, "amc_23", "mean@k", 32, "verl-val", None),  # NaN is stored as NULL
+    ]
+    assert not any(metric.startswith("pass@") for _, _, metric, *_ in rows)
+
+
+def test_job_options_round_trip_through_the_entry_point():
+    options = EvalOptions(ref="runs/s/r", benchmarks=("aime24", "x/y.parquet"), k=8, steps="1,2", scorer="math_verify",
+                          data_dir="d", db="sqlite:///a.db", runs_dir="rr", engine="hf", temperature=0.5, top_p=0.9,
+                          max_tokens=100, seed=3)  # fmt: skip
+    assert parse_args(options.to_argv()) == options
+    assert parse_args(EvalOptions(ref="r").to_argv()) == EvalOptions(ref="r")
+
+
+# ------------------------------------------------------------------------------------ bad input
+
+
+@pytest.mark.parametrize(
+    "case, message",
+    [
+        ("missing-checkpoint", "is not a checkpoint, run directory or model directory"),
+        ("unknown-benchmark", "unknown benchmark 'aime99'"),
+        ("missing-data-file", "write it with `rpg prepare-data aime25`"),
+        ("no-checkpoints", "has no checkpoints yet"),
+        ("bad-steps", "--steps 'soon'"),
+    ],
+)
+def test_bad_input_is_one_line_exit_2_and_writes_nothing(assets, tmp_path, case, message):
+    db_file = tmp_path / "results.db"
+    ref, bench, extra = str(assets["model"]), str(assets["data"]), []
+    if case == "missing-checkpoint":
+        ref = str(tmp_path / "runs" / "s1" / "gone" / "checkpoints" / "step_9")
+    elif case == "unknown-benchmark":
+        bench = "aime99"
+    elif case == "missing-data-file":
+        bench, extra = "aime25", ["--data-dir", str(tmp_path / "empty")]
+    elif case == "no-checkpoints":
+        ref = str(tmp_path / "run")
+        (tmp_path / "run" / "checkpoints").mkdir(parents=True)
+    elif case == "bad-steps":
+        extra = ["--steps", "soon"]
+    result = rpg("eval", ref, "-b", bench, "--local", "--db", f"sqlite:///{db_file}", *extra)
+    assert result.exit_code == 2, result.output
+    lines = [line for line in result.output.splitlines() if line.strip()]
+    assert len(lines) == 1 and lines[0].startswith("rpg eval: ") and message in lines[0], result.output
+    assert not db_file.exists()
+
+
+# ------------------------------------------------------------------------------------ as a Ray job
+
+
+@pytest.mark.slow
+def test_eval_runs_as_a_ray_job_on_the_local_head(assets, tmp_path):
+    pytest.importorskip("ray.job_submission", reason="the Ray job path needs ray[default]")
+    from rpg_cli.jobs import stop_local_head
+
+    db_file = tmp_path / "results.db"
+    runs = tmp_path / "runs"
+    try:
+        result = rpg("eval", str(assets["model"]), "-b", str(assets["data"]), "--k", "2", "--db", f"sqlite:///{db_file}",
+                     "--runs-dir", str(runs), "--max-tokens", str(MAX_TOKENS))  # fmt: skip
+        assert result.exit_code == 0, result.output
+        assert "Ray job rpg-eval-" in result.output and "mean@k" in result.output
+    finally:
+        stop_local_head(runs)
+    samples = query(db_file, "SELECT problem, sample_index, extracted, correct FROM samples")
+    assert len(samples) == 3 * 2
+    (run_id,) = query(db_file, "SELECT id FROM runs")[0]
+    stored = evals(db_file, run_id)
+    for (metric, k), value in recompute(samples).items():
+        assert stored[(0, metric, k)] == pytest.approx(value, abs=1e-12)
+
+
+def test_a_sweep_evaluates_its_runs_and_skips_those_without_checkpoints(assets, tmp_path):
+    db = f"sqlite:///{tmp_path / 'results.db'}"
+    spec = make_run(tmp_path, assets["model"], db)
+    empty = make_spec(assets["model"]).model_copy(update={"seed": 1})
+    (tmp_path / "runs" / "s1" / empty.run_name).mkdir(parents=True)
+    store = open_store(db)
+    store.record_plans([RunPlan(empty.run_id, empty.run_name, "s1", "local", empty.canonical(),
+                                tmp_path / "runs" / "s1" / empty.run_name, [])])  # fmt: skip
+    store.close()
+    plan = plan_eval(EvalOptions(ref="s1", benchmarks=(str(assets["data"]),), db=db, steps="all"))
+    assert [(t.run_id, [c.step for c in t.checkpoints]) for t in plan.targets] == [(spec.run_id, [1, 2])]
+    assert len(plan.skipped) == 1 and empty.run_name in plan.skipped[0] and "no checkpoints yet" in plan.skipped[0]
+    assert plan.total_samples == 2 * 3 * K
