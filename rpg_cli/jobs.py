@@ -367,6 +367,7 @@ def run_sweep(
     """
     plans = list({p.id: p for p in plans}.values())
     client = connect(address, runs_dir)  # before touching the store: an unreachable cluster writes nothing
+    _check_backends(plans, db_url)
     store = open_store(db_url)
     try:
         store.record_plans(plans, sweep_name)
@@ -389,6 +390,21 @@ def run_sweep(
             ) from None
     finally:
         store.close()
+
+
+def _check_backends(plans: list[RunPlan], db_url: str) -> None:
+    """verl logs a plugin that fails to import only at debug level, and the job would then die on an
+    unknown loss name: check in a fresh interpreter, before anything is submitted, that it loads."""
+    from rpg_cli.store import run_states
+
+    states = run_states(db_url, [p.id for p in plans if p.backend == "verl"])
+    if any(p.backend == "verl" and states.get(p.id) != "succeeded" for p in plans):
+        from rpg_cli.backends.verl.diagnose import check_plugin_loads
+
+        try:
+            check_plugin_loads()
+        except RuntimeError as exc:
+            raise ClusterError(str(exc)) from None
 
 
 def _ray_jobs(client: JobSubmissionClient) -> dict[str, JobDetails]:
@@ -462,11 +478,17 @@ def _sync(client: JobSubmissionClient, store: Store, run: RunRecord, job: JobDet
     if status in TERMINAL:
         from rpg_cli.evaluation.verl_val import ingest_verl_val_metrics
 
+        from rpg_cli.backends.verl.diagnose import failure_reason
+
         store.ingest_metrics(run.id, run.metrics_path)  # before the state: a terminal run is complete
         ingest_verl_val_metrics(store, run.id, run.metrics_path)  # its own validation scores, under verl's names
+        log = ""
         with contextlib.suppress(RuntimeError, OSError):
-            _atomic_write(run.run_dir / "job.log", client.get_job_logs(run.submission_id))
-        error = None if status == "succeeded" else (job.message or f"job {status}")
+            log = client.get_job_logs(run.submission_id)
+            _atomic_write(run.run_dir / "job.log", log)
+        error = None
+        if status != "succeeded":  # the job's last error line says more than Ray's "exit code 1"
+            error = failure_reason(log[-20_000:]) if log.strip() else (job.message or f"job {status}")
         store.set_status(run.id, status, error=error, at=_from_ms(job.end_time), started_at=started)
     else:
         store.set_status(run.id, status, at=started if status == "running" else None)

@@ -47,9 +47,11 @@ def run_action(state: str, retry_failed: bool = False) -> str:
 
 
 def plan_run(spec: ExperimentSpec, run_dir: Path, sweep: str) -> RunPlan:
-    """The plan of one run; its backend's `launch.entrypoint` supplies the command."""
+    """The plan of one run; its backend's `launch` module supplies the command, the resources the
+    entrypoint reserves (a verl driver reserves no GPU: its Ray workers take them) and the env vars."""
     launch = importlib.import_module(f"rpg_cli.backends.{spec.backend}.launch")
     run_dir = Path(run_dir).absolute()
+    num_cpus, num_gpus = launch.resources(spec)
     return RunPlan(
         id=spec.run_id,
         name=spec.run_name,
@@ -58,8 +60,9 @@ def plan_run(spec: ExperimentSpec, run_dir: Path, sweep: str) -> RunPlan:
         spec=spec.canonical(),
         run_dir=run_dir,
         entrypoint=list(launch.entrypoint(spec, run_dir)),
-        num_cpus=float(spec.resources.cpus),
-        num_gpus=float(spec.resources.nodes * spec.resources.gpus_per_node),
+        num_cpus=float(num_cpus),
+        num_gpus=float(num_gpus),
+        env=dict(launch.env(spec, run_dir)),
     )
 
 

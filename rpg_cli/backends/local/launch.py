@@ -16,3 +16,13 @@ if TYPE_CHECKING:
 
 def entrypoint(spec: ExperimentSpec, run_dir: Path) -> list[str]:
     return ["python", "-m", "rpg_cli.backends.local", "--spec", str(Path(run_dir) / "spec.json")]
+
+
+def resources(spec: ExperimentSpec) -> tuple[float, float]:
+    """(CPUs, GPUs) the job reserves: the local trainer runs inside the entrypoint itself."""
+    return float(spec.resources.cpus), float(spec.resources.nodes * spec.resources.gpus_per_node)
+
+
+def env(spec: ExperimentSpec, run_dir: Path) -> dict[str, str]:
+    """runtime_env env vars: none, the spec file carries everything."""
+    return {}

@@ -1,17 +1,269 @@
-"""How a job starts the verl backend: the command line only (pure python, no verl import).
+"""How a job starts the verl backend: spec -> `python -m verl.trainer.main_ppo <hydra overrides>`.
 
-Minimal for now: the backend's own module reads spec.json. The verl backend may replace this with
-the full `verl.trainer.main_ppo` override list, still as an argument list (no shell).
+Pure python (no verl, torch or ray import), so `rpg sweep --dry-run` stays fast. Targets verl 0.9.1:
+every key below exists in its `ppo_trainer.yaml` (or is added with `+`), which tests/test_verl_backend.py
+checks by composing that config with these overrides and validating it the way `main_ppo` does.
+
+Spec fields verl 0.9.1 cannot honour are rejected here, at plan time, as a `SpecError` naming the field.
 """
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
+
+from rpg_cli.spec import SpecError
 
 if TYPE_CHECKING:
     from rpg_cli.spec import ExperimentSpec
 
+PLUGIN_MODULE = "rpg_cli.backends.verl.plugin"
+POLICY_LOSS_CONFIG = f"{PLUGIN_MODULE}.RPGPolicyLossConfig"
+OPTIMIZER_MODULE = "rpg_cli.backends.verl.optim"
+REWARD_FUNCTION = "pkg://rpg_cli.rewards"  # verl's load_module imports `pkg://` paths as modules
+
+# our advantage estimators -> verl 0.9.1's (rpg = GRPO's group mean without the std division)
+ADV_ESTIMATORS = {
+    "grpo": ("grpo", True),
+    "rpg": ("grpo", False),
+    "reinforce_pp": ("reinforce_plus_plus", True),
+    "reinforce_pp_baseline": ("reinforce_plus_plus_baseline", True),
+}
+# REINFORCE++ folds its k1 penalty into the reward (MATH.md section 4): verl's use_kl_in_reward
+KL_IN_REWARD = ("reinforce_pp", "reinforce_pp_baseline")
+
 
 def entrypoint(spec: ExperimentSpec, run_dir: Path) -> list[str]:
-    return ["python", "-m", "rpg_cli.backends.verl", "--spec", str(Path(run_dir) / "spec.json")]
+    """The job's command line: verl's PPO entry point and one Hydra override per argument."""
+    return ["python", "-m", "verl.trainer.main_ppo", *overrides(spec, run_dir)]
+
+
+def resources(spec: ExperimentSpec) -> tuple[float, float]:
+    """(CPUs, GPUs) the job's entrypoint reserves. The verl driver only orchestrates: its Ray workers
+    ask for the spec's GPUs themselves, so an entrypoint holding them would deadlock the run."""
+    return 1.0, 0.0
+
+
+def env(spec: ExperimentSpec, run_dir: Path) -> dict[str, str]:
+    """runtime_env env vars: the plugin for every verl process, metrics into the run directory."""
+    return {
+        "VERL_USE_EXTERNAL_MODULES": PLUGIN_MODULE,
+        "VERL_FILE_LOGGER_PATH": str(Path(run_dir).absolute() / "metrics.jsonl"),
+    }
+
+
+def check(spec: ExperimentSpec) -> None:
+    """Reject what verl 0.9.1 cannot run as specified (one-line SpecError with the field path)."""
+    if not isinstance(spec.reference, str):  # Every(K)
+        raise SpecError(
+            f"every: {spec.reference.every} needs the reference model reset to the actor every K steps, which "
+            "verl 0.9.1's ref worker cannot do; allowed with backend verl: iterative, frozen "
+            "(use backend local for every: K)",
+            "reference",
+        )
+    if spec.rollout.engine != "vllm":
+        raise SpecError(
+            f"got {spec.rollout.engine!r}: verl 0.9.1 rolls out with vllm, sglang or trtllm servers only; "
+            "allowed with backend verl: vllm (hf is the local backend's)",
+            "rollout.engine",
+        )
+    if spec.clip is not None and spec.clip.clipped_weight_in_sg:
+        raise SpecError(
+            "Remark F.2's clipped weight is not exposed by the loss library's policy_loss; allowed with "
+            "backend verl: false",
+            "clip.clipped_weight_in_sg",
+        )
+    if spec.algorithm in KL_IN_REWARD and spec.beta > 0 and spec.reference != "frozen":
+        raise SpecError(
+            f"{spec.algorithm} folds beta * k1(pi_old/pi_ref) into the reward, which is 0 for the iterative "
+            "reference; allowed: reference frozen, or beta 0",
+            "reference",
+        )
+    if spec.dapo is not None and spec.dapo.overlong_buffer is not None:
+        if spec.dapo.overlong_buffer > spec.max_response_length:
+            raise SpecError(
+                f"{spec.dapo.overlong_buffer} exceeds the {spec.context} response length "
+                f"{spec.max_response_length}; allowed: 1..{spec.max_response_length}",
+                "dapo.overlong_buffer",
+            )
+    if spec.resources.gpus_per_node < 1:
+        raise SpecError("verl trains on GPUs; allowed with backend verl: >= 1 (use backend local on CPUs)",
+                        "resources.gpus_per_node")
+    rollouts = spec.train_batch_size * spec.rollout_n
+    gpus = spec.resources.nodes * spec.resources.gpus_per_node
+    if rollouts % gpus:
+        raise SpecError(
+            f"train_batch_size x rollout_n = {rollouts} responses do not split over {gpus} GPUs (verl requires "
+            "it); allowed: a batch divisible by nodes x gpus_per_node",
+            "train_batch_size",
+        )
+
+
+def overrides(spec: ExperimentSpec, run_dir: Path) -> list[str]:
+    """`key=value` Hydra overrides of verl's ppo_trainer config for this spec (`+key` adds a new key)."""
+    check(spec)
+    run_dir = Path(run_dir).absolute()
+    prompt_len, response_len = spec.max_prompt_length, spec.max_response_length
+    frozen = spec.reference == "frozen"
+    kl_in_reward = spec.algorithm in KL_IN_REWARD and spec.beta > 0
+    adv_estimator, norm_by_std = ADV_ESTIMATORS[spec.advantage_estimator]
+    gpus = spec.resources.gpus_per_node
+    clip = spec.clip
+    # unclipped runs keep verl's own valid defaults in its fields; policy_loss.clip=false switches clipping off
+    eps_low, eps_high, clip_c = (clip.eps_low, clip.eps_high, clip.c) if clip is not None else (0.2, 0.2, 3.0)
+    tokens_per_gpu = 2 * (prompt_len + response_len)  # dynamic micro-batches: two full sequences per GPU pass
+    val_files = spec.data.val_files or spec.data.train_files  # verl builds a val loader even when it never runs
+    actor = "actor_rollout_ref.actor"
+    rollout = "actor_rollout_ref.rollout"
+
+    values: dict[str, Any] = {
+        # data
+        "data.train_files": [_data_path(f) for f in spec.data.train_files],
+        "data.val_files": [_data_path(f) for f in val_files],
+        "data.prompt_key": "prompt",
+        "data.max_prompt_length": prompt_len,
+        "data.max_response_length": response_len,
+        "data.train_batch_size": spec.train_batch_size,
+        "data.filter_overlong_prompts": True,
+        "data.truncation": "error",
+        "data.seed": spec.seed,
+        # model
+        "actor_rollout_ref.model.path": _model_path(spec.model),
+        "actor_rollout_ref.model.use_remove_padding": True,
+        "actor_rollout_ref.model.enable_gradient_checkpointing": True,
+        # actor: batches, optimizer, loss
+        f"{actor}.ppo_mini_batch_size": spec.ppo_mini_batch_size,
+        f"{actor}.ppo_epochs": spec.ppo_epochs,
+        f"{actor}.use_dynamic_bsz": True,
+        f"{actor}.ppo_max_token_len_per_gpu": tokens_per_gpu,
+        f"{actor}.data_loader_seed": spec.seed,
+        f"{actor}.optim.lr": spec.lr,
+        f"{actor}.optim.lr_warmup_steps": spec.lr_warmup_steps,
+        f"{actor}.optim.lr_scheduler_type": "constant",
+        f"{actor}.optim.weight_decay": spec.weight_decay,
+        f"{actor}.optim.clip_grad": spec.grad_clip,
+        f"{actor}.clip_ratio": eps_low,
+        f"{actor}.clip_ratio_low": eps_low,
+        f"{actor}.clip_ratio_high": eps_high,
+        f"{actor}.clip_ratio_c": clip_c,
+        f"{actor}.loss_agg_mode": spec.loss_agg_mode,
+        f"{actor}.entropy_coeff": spec.entropy_coeff,
+        f"{actor}.policy_loss._target_": POLICY_LOSS_CONFIG,
+        f"{actor}.policy_loss.loss_mode": spec.loss_name,
+        f"+{actor}.policy_loss.beta": spec.beta,
+        f"+{actor}.policy_loss.clip": clip is not None,
+        f"+{actor}.policy_loss.use_reference": frozen and not kl_in_reward,
+        # the frozen reference comes from verl's ref worker, which verl starts only with a KL loss on;
+        # that loss gets weight 0 because the KL lives inside our policy loss
+        f"{actor}.use_kl_loss": frozen and not kl_in_reward,
+        f"{actor}.kl_loss_coef": 0.0,
+        f"{actor}.checkpoint.save_contents": ["model", "optimizer", "extra", "hf_model"],
+        # rollout (vLLM) and validation sampling
+        f"{rollout}.name": spec.rollout.engine,
+        f"{rollout}.n": spec.rollout_n,
+        f"{rollout}.temperature": spec.rollout.temperature,
+        f"{rollout}.top_p": spec.rollout.top_p,
+        f"{rollout}.seed": spec.seed,
+        f"{rollout}.tensor_model_parallel_size": 2 if gpus % 2 == 0 else 1,
+        f"{rollout}.max_num_batched_tokens": max(8192, prompt_len + response_len),
+        f"{rollout}.val_kwargs.n": spec.val.n,
+        f"{rollout}.val_kwargs.temperature": spec.val.temperature,
+        f"{rollout}.val_kwargs.top_p": spec.val.top_p,
+        f"{rollout}.val_kwargs.do_sample": spec.val.temperature > 0,
+        # advantages and the KL-in-reward of REINFORCE++
+        "algorithm.adv_estimator": adv_estimator,
+        "algorithm.norm_adv_by_std_in_grpo": norm_by_std,
+        "algorithm.use_kl_in_reward": kl_in_reward,
+        "algorithm.kl_penalty": "kl",  # k1, MATH.md section 4
+        "algorithm.kl_ctrl.type": "fixed",
+        "algorithm.kl_ctrl.kl_coef": spec.beta,
+        # rewards: the same scorer as `rpg eval`
+        "reward.custom_reward_function.path": REWARD_FUNCTION,
+        "reward.custom_reward_function.name": "compute_score",
+        # trainer: resources, schedule, checkpoints, metrics
+        "trainer.nnodes": spec.resources.nodes,
+        "trainer.n_gpus_per_node": gpus,
+        "trainer.total_training_steps": spec.steps,
+        "trainer.total_epochs": 1000,  # steps bound the run; epochs only must not run out first
+        "trainer.test_freq": spec.val.every if spec.data.val_files else -1,
+        "trainer.val_before_train": bool(spec.data.val_files),
+        "trainer.save_freq": spec.save_every,
+        "trainer.default_local_dir": str(run_dir / "checkpoints"),
+        "trainer.resume_mode": "auto",
+        "trainer.logger": ["console", "file"],
+        "trainer.project_name": "rpg",
+        "trainer.experiment_name": spec.run_name,
+    }
+    if spec.optimizer == "schedule_free":
+        values[f"{actor}.optim.optimizer"] = "AdamWScheduleFree"
+        values[f"{actor}.optim.optimizer_impl"] = OPTIMIZER_MODULE
+    if spec.dapo is not None:
+        values.update(_dapo(spec))
+    # also in ray.init's runtime_env: verl passes its own to ray.init, and its workers must load the plugin
+    for key, value in env(spec, run_dir).items():
+        values[f"+ray_kwargs.ray_init.runtime_env.env_vars.{key}"] = value
+    return [f"{key}={_hydra_value(value)}" for key, value in values.items()]
+
+
+def _dapo(spec: ExperimentSpec) -> dict[str, Any]:
+    """DAPO's dynamic sampling (verl's filter_groups) and overlong shaping (verl's `dapo` reward manager)."""
+    dapo = spec.dapo
+    assert dapo is not None
+    values: dict[str, Any] = {
+        "algorithm.filter_groups.enable": dapo.dynamic_sampling,
+        "algorithm.filter_groups.metric": "acc",  # rpg_cli.rewards' correctness, before any length penalty
+        # verl 0.9.1's V1 sampler warns and ignores this (it refills until the batch is full); kept for the record
+        "algorithm.filter_groups.max_num_gen_batches": dapo.max_num_gen_batches,
+    }
+    if dapo.overlong_buffer is not None:
+        shaping = "+reward.reward_kwargs.overlong_buffer_cfg"
+        values.update({
+            "reward.reward_manager.name": "dapo",
+            f"{shaping}.enable": True,
+            f"{shaping}.len": dapo.overlong_buffer,
+            f"{shaping}.penalty_factor": dapo.overlong_penalty_factor,
+            f"{shaping}.log": True,
+            "+reward.reward_kwargs.max_resp_len": spec.max_response_length,
+        })
+    return values
+
+
+def _data_path(path: str) -> str:
+    """Absolute (a job runs in its own working directory, on any node of a shared filesystem); URLs unchanged."""
+    return path if "://" in path else str(Path(path).expanduser().absolute())
+
+
+def _model_path(model: str) -> str:
+    """A local model directory made absolute; a hub id like `Qwen/Qwen3-4B` (nothing of that name here) unchanged."""
+    if "://" in model:
+        return model
+    p = Path(model).expanduser()
+    return str(p.absolute()) if p.is_absolute() or p.exists() or model.startswith(".") else model
+
+
+_PLAIN = re.compile(r"^[A-Za-z0-9_./:+-]+$")
+
+
+def _hydra_value(value: Any) -> str:
+    """A value in Hydra's override grammar: lists in brackets, odd strings single-quoted."""
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if value is None:
+        return "null"
+    if isinstance(value, (int, float)):
+        return repr(value)
+    if isinstance(value, (list, tuple)):
+        return "[" + ",".join(_hydra_value(v) for v in value) + "]"
+    text = str(value)
+    if _PLAIN.match(text) and text.lower() not in ("true", "false", "null", "none") and not _is_number(text):
+        return text
+    return "'" + text.replace("\\", "\\\\").replace("'", "\\'") + "'"
+
+
+def _is_number(text: str) -> bool:
+    try:
+        float(text)
+    except ValueError:
+        return False
+    return True

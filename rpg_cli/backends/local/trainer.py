@@ -1,0 +1,381 @@
+"""The local backend's RL loop: one process, one device, the same spec and math as the verl backend.
+
+Per step: draw `train_batch_size` prompts, sample `rollout_n` responses each, score them with
+`rpg_cli.rewards`, (DAPO: drop groups whose scores are all equal and draw more, add the overlong
+penalty), take old log-probs (and reference log-probs unless the reference is pi_old itself), compute
+the spec's advantages, then `ppo_epochs` passes over mini-batches of `ppo_mini_batch_size` prompts,
+each one optimizer step on `policy_loss` with gradient clipping. Validation (k = val.n samples per
+problem) runs before training and every val.every steps; checkpoints every save_every steps and at the end.
+
+Schedule-free AdamW keeps two weight sequences: the optimizer is in train mode (gradient point y) only
+inside the update; rollouts, old log-probs, validation and checkpoints use eval mode (the averaged x),
+so the policy that samples is the one that is saved. Dropout is off throughout (the module stays in
+`eval()`), as in verl's actor, so pi_theta equals pi_old at the first mini-batch.
+
+Determinism: every step reseeds torch from (seed, step) and draws its prompts from a pure function of
+the generation-batch counter, so a run resumed from step N's checkpoint repeats, on CPU, exactly what
+an uninterrupted run computes after step N.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+import sys
+import time
+from dataclasses import dataclass
+
+import torch
+
+from rpg_cli.algorithms import aggregate, policy_loss
+from rpg_cli.algorithms import advantages as adv
+from rpg_cli.backends.local import checkpoint as ckpt
+from rpg_cli.backends.local.data import batch_indices, load_problems
+from rpg_cli.backends.local.preflight import BackendError, Plan
+from rpg_cli.backends.local.rollout import Problem, Rollouts, concat, generate, score_rollouts, token_log_probs
+
+# Sequences per forward/backward chunk are bounded by this many tokens (gradient accumulation above it).
+MICRO_BATCH_TOKENS = 32_768
+
+
+def log(message: str) -> None:
+    print(f"[rpg local] {message}", flush=True)
+
+
+def step_seed(seed: int, step: int) -> int:
+    return seed * 1_000_003 + step
+
+
+@dataclass
+class Batch:
+    """One step's training data: rollouts with their problems, scores and shaped rewards."""
+
+    rollouts: Rollouts
+    scores: torch.Tensor
+    acc: torch.Tensor
+    rewards: torch.Tensor
+    gen_batches: int
+
+
+class Trainer:
+    def __init__(self, plan: Plan):
+        from transformers import AutoModelForCausalLM, AutoTokenizer
+
+        self.spec, self.run_dir = plan.spec, plan.run_dir
+        self.device = torch.device(plan.device)
+        spec = self.spec
+        if self.device.type == "cpu":
+            torch.set_num_threads(max(1, int(spec.resources.cpus)))
+        resume = ckpt.latest_checkpoint(self.run_dir)
+        source = str(resume[1]) if resume else spec.model
+        try:
+            self.tokenizer = AutoTokenizer.from_pretrained(source, padding_side="left")
+            self.model = AutoModelForCausalLM.from_pretrained(source, dtype=torch.float32).to(self.device)
+        except (OSError, ValueError) as e:
+            raise BackendError(f"model: cannot load {source} ({str(e).splitlines()[0]}); "
+                               "point it at an HF causal-LM directory") from None
+        self.model.eval()  # dropout off (see module doc)
+        if self.tokenizer.pad_token_id is None:
+            self.tokenizer.pad_token = self.tokenizer.eos_token
+        self.eos_ids = eos_ids(self.model, self.tokenizer)
+        self.train_problems = load_problems(spec.data.train_files, self.tokenizer, spec.max_prompt_length)
+        self.val_problems = load_problems(spec.data.val_files, self.tokenizer, spec.max_prompt_length) if spec.data.val_files else []
+        self.optimizer = make_optimizer(spec, self.model)
+        self.ref_model = None
+        if spec.reference != "iterative":  # frozen, or every K: starts as the initial model
+            self.ref_model = AutoModelForCausalLM.from_pretrained(spec.model, dtype=torch.float32).to(self.device).eval()
+            self.ref_model.requires_grad_(False)
+        self.start_step, self.gen_batches = 1, 0
+        if resume:
+            state = ckpt.load_state(resume[1])
+            self.optimizer.load_state_dict(state["optimizer"])
+            if state.get("ref") is not None:
+                self.ref_model.load_state_dict(state["ref"])
+            self.start_step, self.gen_batches = state["step"] + 1, state["gen_batches"]
+            log(f"resuming from {resume[1].name}: continuing at step {self.start_step}")
+        self.metrics = ckpt.MetricsLog(self.run_dir / "metrics.jsonl", keep_through=resume[0] if resume else None)
+
+    # ------------------------------------------------------------------ the loop
+
+    def fit(self, stop_after: int | None = None) -> None:
+        spec = self.spec
+        if self.start_step == 1 and self.val_problems:
+            torch.manual_seed(step_seed(spec.seed, 0))
+            self.metrics.write(0, self.validate())
+        last = spec.steps if stop_after is None else min(spec.steps, stop_after)
+        for step in range(self.start_step, last + 1):
+            started = time.perf_counter()
+            torch.manual_seed(step_seed(spec.seed, step))
+            random.seed(step_seed(spec.seed, step))
+            metrics = self.train_step(step)
+            if self.val_problems and (step % spec.val.every == 0 or step == spec.steps):
+                t = time.perf_counter()
+                metrics.update(self.validate())
+                metrics["timing_s/testing"] = time.perf_counter() - t
+            metrics["timing_s/step"] = time.perf_counter() - started
+            metrics["perf/time_per_step"] = metrics["timing_s/step"]
+            metrics["perf/throughput"] = metrics["perf/total_num_tokens"] / metrics["timing_s/step"]
+            # the line goes first: a crash before the checkpoint is renamed into place redoes the step
+            self.metrics.write(step, metrics)
+            if step % spec.save_every == 0 or step == spec.steps:
+                self.save(step)
+            log(f"step {step}/{spec.steps} score {metrics['critic/score/mean']:+.3f} "
+                f"pg_loss {metrics['actor/pg_loss']:+.4f} {metrics['timing_s/step']:.2f}s"
+                + "".join(f" {k} {v:.3f}" for k, v in metrics.items() if k.startswith("val-core/")))
+
+    def train_step(self, step: int) -> dict[str, float]:
+        spec, timing = self.spec, {}
+        self._eval_weights()
+        if hasattr(spec.reference, "every") and (step - 1) % spec.reference.every == 0:
+            self.ref_model.load_state_dict(self.model.state_dict())  # reset pi_ref to the current policy
+        t = time.perf_counter()
+        batch = self.sample_batch()
+        timing["timing_s/gen"] = time.perf_counter() - t
+        r = batch.rollouts
+        t = time.perf_counter()
+        old_log_prob = self.forward_log_probs(self.model, r)
+        timing["timing_s/old_log_prob"] = time.perf_counter() - t
+        ref_log_prob = None
+        if self.ref_model is not None:
+            t = time.perf_counter()
+            ref_log_prob = self.forward_log_probs(self.ref_model, r)
+            timing["timing_s/ref"] = time.perf_counter() - t
+        t = time.perf_counter()
+        rewards = batch.rewards
+        extra: dict[str, float] = {}
+        if spec.advantage_estimator == "reinforce_pp" and spec.beta and ref_log_prob is not None:
+            k1 = torch.where(r.response_mask.bool(), old_log_prob - ref_log_prob, torch.zeros_like(old_log_prob))
+            extra["actor/reward_kl_penalty"] = float(k1.sum() / r.response_mask.sum())
+            extra["actor/reward_kl_penalty_coeff"] = spec.beta
+            rewards = rewards - spec.beta * k1.sum(-1)
+        advantages = self.advantages(batch, old_log_prob, ref_log_prob)
+        timing["timing_s/adv"] = time.perf_counter() - t
+        t = time.perf_counter()
+        self._train_weights()
+        actor = self.update(step, r, old_log_prob, ref_log_prob, advantages)
+        self._eval_weights()
+        timing["timing_s/update_actor"] = time.perf_counter() - t
+        return {**actor, **extra, **batch_metrics(batch, rewards, advantages, self.max_new_tokens(r)), **timing,
+                "train/num_gen_batches": float(batch.gen_batches), "training/global_step": float(step),
+                "training/epoch": float(self.gen_batches * spec.train_batch_size // len(self.train_problems))}
+
+    # ------------------------------------------------------------------ pieces of a step
+
+    def sample_batch(self) -> Batch:
+        """Rollouts of the next prompt batch; with DAPO dynamic sampling, of enough informative groups."""
+        spec = self.spec
+        dapo = spec.dapo
+        dynamic = dapo is not None and dapo.dynamic_sampling
+        kept: list[tuple[Rollouts, torch.Tensor, torch.Tensor]] = []
+        groups, generated = 0, 0
+        while True:
+            problems = [self.train_problems[i] for i in
+                        batch_indices(self.gen_batches, spec.train_batch_size, len(self.train_problems), spec.seed)]
+            self.gen_batches += 1
+            generated += 1
+            r = self.rollout(problems, spec.rollout_n, spec.rollout.temperature, spec.rollout.top_p)
+            scores, acc = score_rollouts(r, problems)
+            r.group = r.group + groups  # unique group ids across generation batches
+            if not dynamic:
+                kept.append((r, scores, acc))
+                break
+            keep = adv.dynamic_sampling_keep(scores, r.group).nonzero().squeeze(-1)
+            if len(keep):
+                kept.append((r.select(keep), scores[keep], acc[keep]))
+                groups += len(keep) // spec.rollout_n
+            if groups >= spec.train_batch_size or (dapo.max_num_gen_batches and generated >= dapo.max_num_gen_batches):
+                break
+        if not kept:  # every group uniform: train on the last batch as is (its group advantages are 0)
+            kept.append((r, scores, acc))
+        r = concat([k[0] for k in kept], self.tokenizer.pad_token_id)
+        scores, acc = torch.cat([k[1] for k in kept]), torch.cat([k[2] for k in kept])
+        if dynamic and len(r.texts) > spec.train_batch_size * spec.rollout_n:
+            first = torch.arange(spec.train_batch_size * spec.rollout_n)  # verl keeps the first full batch
+            r, scores, acc = r.select(first), scores[first], acc[first]
+        rewards = scores.clone()
+        if dapo is not None and dapo.overlong_buffer:
+            budget = self.max_new_tokens(r)
+            lengths = r.response_mask.sum(-1).cpu()
+            rewards = rewards + adv.overlong_penalty(lengths, budget, min(dapo.overlong_buffer, budget),
+                                                     dapo.overlong_penalty_factor)
+        return Batch(r, scores, acc, rewards, generated)
+
+    def advantages(self, batch: Batch, old_log_prob: torch.Tensor, ref_log_prob: torch.Tensor | None) -> torch.Tensor:
+        spec, r = self.spec, batch.rollouts
+        rewards, mask, group = batch.rewards.to(self.device), r.response_mask, r.group
+        estimator = spec.advantage_estimator
+        if estimator == "grpo":
+            return adv.to_tokens(adv.grpo_advantage(rewards, group), mask)
+        if estimator == "rpg":
+            return adv.to_tokens(adv.rpg_advantage(rewards, group), mask)
+        if estimator == "reinforce_pp":
+            ref = ref_log_prob if ref_log_prob is not None else old_log_prob
+            return adv.reinforce_pp_advantage(rewards, mask, old_log_prob, ref, spec.beta)
+        if estimator == "reinforce_pp_baseline":
+            return adv.reinforce_pp_baseline_advantage(rewards, group, mask)
+        raise BackendError(f"advantage estimator {estimator!r} is not supported by the local backend")
+
+    def update(self, step: int, r: Rollouts, old_log_prob, ref_log_prob, advantages) -> dict[str, float]:
+        """ppo_epochs passes over mini-batches of ppo_mini_batch_size prompts, one optimizer step each."""
+        spec = self.spec
+        clip = spec.clip
+        mini = spec.ppo_mini_batch_size * spec.rollout_n
+        lr = spec.lr
+        if spec.optimizer == "adamw" and spec.lr_warmup_steps:
+            lr = spec.lr * min(1.0, step / spec.lr_warmup_steps)  # verl's constant schedule with linear warmup
+        for group in self.optimizer.param_groups:
+            group["lr"] = lr
+        sums: dict[str, list[float]] = {}
+        for _ in range(spec.ppo_epochs):
+            for start in range(0, len(r.texts), mini):
+                index = torch.arange(start, min(start + mini, len(r.texts)), device=self.device)
+                self.optimizer.zero_grad(set_to_none=True)
+                for micro in self.micro_batches(r, index):
+                    part = r.select(micro)
+                    weight = len(micro) / len(index)
+                    log_prob, entropy = token_log_probs(self.model, part, spec.rollout.temperature,
+                                                        with_entropy=True, entropy_grad=bool(spec.entropy_coeff),
+                                                        autocast=self.device.type == "cuda")
+                    loss, m = policy_loss(
+                        spec.loss_name, log_prob=log_prob, old_log_prob=old_log_prob[micro],
+                        advantages=advantages[micro], response_mask=part.response_mask,
+                        ref_log_prob=None if ref_log_prob is None else ref_log_prob[micro], beta=spec.beta,
+                        clip=clip is not None, eps_low=clip.eps_low if clip else 0.2,
+                        eps_high=clip.eps_high if clip else 0.28, clip_c=clip.c if clip else 10.0,
+                        loss_agg_mode=spec.loss_agg_mode)
+                    entropy_mean = aggregate(entropy, part.response_mask.bool(), spec.loss_agg_mode)
+                    if spec.entropy_coeff:
+                        loss = loss - spec.entropy_coeff * entropy_mean
+                    (loss * weight).backward()
+                    record(sums, {"actor/pg_loss": m["pg_loss"], "actor/kl_loss": m.get("kl", 0.0),
+                                  "actor/ppo_kl": m["ppo_kl"], "actor/pg_clipfrac": m["clipfrac"],
+                                  "actor/pg_clipfrac_lower": m["clipfrac_dual"], "actor/ratio_mean": m["ratio_mean"],
+                                  "actor/entropy": float(entropy_mean.detach())})
+                grad_norm = float(torch.nn.utils.clip_grad_norm_(self.model.parameters(), spec.grad_clip))
+                if math.isfinite(grad_norm):  # verl skips the step on a non-finite gradient
+                    self.optimizer.step()
+                record(sums, {"actor/grad_norm": grad_norm})
+        out = {k: sum(v) / len(v) for k, v in sums.items()}
+        out["actor/lr"] = lr
+        return out
+
+    def validate(self) -> dict[str, float]:
+        """mean@k of accuracy (and score) per data source, k = val.n samples per problem."""
+        spec = self.spec
+        self._eval_weights()
+        r = self.rollout(self.val_problems, spec.val.n, spec.val.temperature, spec.val.top_p)
+        scores, acc = score_rollouts(r, self.val_problems)
+        sources = [self.val_problems[g].data_source for g in r.group.tolist()]
+        out: dict[str, float] = {}
+        for source in sorted(set(sources)):
+            rows = torch.tensor([s == source for s in sources])
+            k = spec.val.n
+            out[f"val-core/{source}/acc/mean@{k}"] = float(acc[rows].mean())
+            out[f"val-aux/{source}/score/mean@{k}"] = float(scores[rows].mean())
+            out[f"val-aux/{source}/response_length/mean"] = float(r.response_mask[rows.to(self.device)].sum(-1).float().mean())
+        return out
+
+    def save(self, step: int) -> None:
+        self._eval_weights()
+        every = hasattr(self.spec.reference, "every")
+        state = {"step": step, "gen_batches": self.gen_batches, "optimizer": self.optimizer.state_dict(),
+                 "ref": self.ref_model.state_dict() if every else None, "run_id": self.spec.run_id}
+        ckpt.save_checkpoint(self.run_dir, step, self.model, self.tokenizer, state)
+
+    # ------------------------------------------------------------------ helpers
+
+    def rollout(self, problems: list[Problem], n: int, temperature: float, top_p: float) -> Rollouts:
+        longest = max(len(p.prompt_ids) for p in problems)
+        return generate(self.model, self.tokenizer, problems, n, temperature=temperature, top_p=top_p,
+                        max_new_tokens=self.response_budget(longest), eos_ids=self.eos_ids, device=self.device)
+
+    def response_budget(self, prompt_length: int) -> int:
+        """The spec's response length, within the model's position limit."""
+        limit = getattr(self.model.config, "max_position_embeddings", None)
+        budget = self.spec.max_response_length
+        return max(1, min(budget, limit - prompt_length)) if limit else budget
+
+    def max_new_tokens(self, r: Rollouts) -> int:
+        return self.response_budget(r.prompt_ids.shape[1])
+
+    def micro_batches(self, r: Rollouts, index: torch.Tensor) -> list[torch.Tensor]:
+        width = r.prompt_ids.shape[1] + r.response_ids.shape[1]
+        size = max(1, MICRO_BATCH_TOKENS // width)
+        return list(index.split(size))
+
+    @torch.no_grad()
+    def forward_log_probs(self, model, r: Rollouts) -> torch.Tensor:
+        index = torch.arange(len(r.texts), device=self.device)
+        parts = [token_log_probs(model, r.select(m), self.spec.rollout.temperature,
+                                 autocast=self.device.type == "cuda")[0] for m in self.micro_batches(r, index)]
+        return torch.cat(parts)
+
+    def _eval_weights(self) -> None:
+        if hasattr(self.optimizer, "eval"):
+            self.optimizer.eval()
+
+    def _train_weights(self) -> None:
+        if hasattr(self.optimizer, "train"):
+            self.optimizer.train()
+
+
+def make_optimizer(spec, model) -> torch.optim.Optimizer:
+    params = [p for p in model.parameters() if p.requires_grad]
+    if spec.optimizer == "schedule_free":
+        from schedulefree import AdamWScheduleFree
+
+        return AdamWScheduleFree(params, lr=spec.lr, weight_decay=spec.weight_decay, warmup_steps=spec.lr_warmup_steps)
+    return torch.optim.AdamW(params, lr=spec.lr, weight_decay=spec.weight_decay)
+
+
+def eos_ids(model, tokenizer) -> list[int]:
+    """Every id that ends a response: the tokenizer's eos and the model's generation config's."""
+    ids = {tokenizer.eos_token_id} if tokenizer.eos_token_id is not None else set()
+    configured = getattr(getattr(model, "generation_config", None), "eos_token_id", None)
+    if configured is not None:
+        ids.update(configured if isinstance(configured, list) else [configured])
+    return sorted(ids)
+
+
+def record(sums: dict[str, list[float]], values: dict[str, float]) -> None:
+    for key, value in values.items():
+        sums.setdefault(key, []).append(float(value))
+
+
+def batch_metrics(batch: Batch, rewards: torch.Tensor, advantages: torch.Tensor, budget: int) -> dict[str, float]:
+    r = batch.rollouts
+    mask = r.response_mask.bool()
+    length = r.response_mask.sum(-1).float()
+    prompt_length = r.prompt_mask.sum(-1).float()
+    valid_adv = advantages[mask]
+    out = {
+        "critic/score/mean": batch.scores.mean(), "critic/score/max": batch.scores.max(), "critic/score/min": batch.scores.min(),
+        "critic/rewards/mean": rewards.mean(), "critic/rewards/max": rewards.max(), "critic/rewards/min": rewards.min(),
+        "critic/advantages/mean": valid_adv.mean(), "critic/advantages/max": valid_adv.max(),
+        "critic/advantages/min": valid_adv.min(),
+        "train/acc/mean": batch.acc.mean(),
+        "response_length/mean": length.mean(), "response_length/max": length.max(), "response_length/min": length.min(),
+        "response_length/clip_ratio": (length >= budget).float().mean(),
+        "prompt_length/mean": prompt_length.mean(), "prompt_length/max": prompt_length.max(),
+        "prompt_length/min": prompt_length.min(),
+        "perf/total_num_tokens": length.sum() + prompt_length.sum(),
+    }
+    return {k: float(v) for k, v in out.items()}
+
+
+def main(spec_path: str, stop_after: int | None = None) -> int:
+    """Check, then train; returns the process exit status (2: the spec or machine cannot be honoured)."""
+    from rpg_cli.backends.local.preflight import check
+
+    try:
+        plan = check(spec_path)
+        for note in plan.notes:
+            log(f"note: {note}")
+        trainer = Trainer(plan)
+        log(f"{plan.spec.run_name}: {plan.spec.algorithm} ({plan.spec.loss_name}) on {plan.device}, "
+            f"{len(trainer.train_problems)} training prompts, steps {trainer.start_step}..{plan.spec.steps}")
+        trainer.fit(stop_after)
+    except BackendError as e:
+        print(f"rpg local backend: {e}", file=sys.stderr, flush=True)
+        return 2
+    return 0
