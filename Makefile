@@ -18,7 +18,6 @@ install: $(STAMP)
 
 $(STAMP): pyproject.toml Makefile
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
-	$(PIP) install -q --upgrade pip
 	@if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; then \
 		echo "GPU found: torch comes with the package's own requirements"; \
 	else \
@@ -32,11 +31,17 @@ test: $(STAMP)
 	$(PY) -m pytest -q -n 2 --dist loadfile
 
 demo: $(STAMP)
+	$(VENV)/bin/rpg prepare-data --toy
 	$(VENV)/bin/rpg sweep experiments/smoke.yaml
-	$(VENV)/bin/rpg report --table
+	$(VENV)/bin/rpg report --table --sweep smoke
 
-bench: $(STAMP)
+bench: $(STAMP) $(VENV)/.bench-installed
 	@for f in benchmarks/bench_*.py; do echo "== $$f"; $(PY) $$f || exit 1; done
+
+# TRL only for the local trainer's comparison benchmark
+$(VENV)/.bench-installed: $(STAMP)
+	$(PIP) install -q -e ".[$(EXTRAS),bench]"
+	touch $@
 
 clean:
 	rm -rf $(VENV) .pytest_cache

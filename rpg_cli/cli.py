@@ -42,6 +42,7 @@ def prepare_data(
     english_only: bool = typer.Option(None, "--english-only/--any-language", show_default=False, help="Drop problems written mostly in non-Latin scripts (default: on for dapo-math-17k only)."),
     dedup: bool = typer.Option(True, "--dedup/--no-dedup", help="Drop repeated problems (equal up to case, whitespace and Unicode form)."),
     strict: bool = typer.Option(False, "--strict", help="Stop on any malformed row (empty question, missing answer) and write nothing, instead of skipping it."),
+    toy: bool = typer.Option(False, "--toy", help="Instead, write the local backend's toy task and tiny model (no download) to OUT/toy: model/, train.parquet, val.parquet."),
 ) -> None:
     """Write verl-format parquet for training (DAPO-Math-17k) and evaluation (AIME24/25, AMC23).
 
@@ -58,14 +59,23 @@ def prepare_data(
       rpg prepare-data dapo-math-17k --from dapo-math-17k.parquet
       rpg prepare-data dapo-math-17k=hf:open-r1/DAPO-Math-17k-Processed:en
       rpg prepare-data --input mine.csv --question-field q --answer-field a --name mine -k 8
+      rpg prepare-data --toy                            # the local backend's toy task + tiny model in data/toy/
 
     Sources: dapo-math-17k (BytedTsinghua-SIA/DAPO-Math-17k, English only, deduplicated, data_source
     math_dapo), aime24 (HuggingFaceH4/aime_2024, math_dapo), aime25 (math-ai/aime25, aime2025),
     amc23 (math-ai/amc23, amc_23). Fields of local files are auto-detected (problem, question,
     prompt, ... / answer, reward_model.ground_truth, ...); verl files are unwrapped to raw problems.
     """
-    # `--toy` (the local backend's toy task) is reserved here for the local-backend work.
     from pathlib import Path
+
+    if toy:
+        if sources or from_origin or input_file:
+            raise typer.BadParameter("--toy writes the toy task only; drop the sources", param_hint="--toy")
+        from rpg_cli.datasets.toy import write_toy
+
+        paths = write_toy(Path(out) / "toy")
+        typer.echo(f"toy task: model {paths.model}, train {paths.train}, val {paths.val}")
+        return
 
     from rpg_cli.datasets import PrepareError, SourceError, SourceOptions, prepare, resolve_sources
 

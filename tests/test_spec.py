@@ -441,8 +441,9 @@ def test_paper_qwen3_4b_grid():
 
 def test_smoke_grid_runs_every_algorithm_locally():
     specs = load_sweep(EXPERIMENTS / "smoke.yaml").expand()
-    assert sorted(x.algorithm for x in specs) == sorted(
-        ["grpo", "dapo", "reinforce_pp", "reinforce_pp_baseline", "rpg", "rpg_reinforce"])
+    baselines = [(a, "none") for a in ("grpo", "dapo", "reinforce_pp", "reinforce_pp_baseline")]
+    rpgs = [(a, k) for a in ("rpg", "rpg_reinforce") for k in ("fkl", "rkl", "ufkl", "urkl")]
+    assert sorted((x.algorithm, x.kl) for x in specs) == sorted(baselines + rpgs)
     assert {x.backend for x in specs} == {"local"} and len({x.optimizer for x in specs}) == 1
     assert {x.seed for x in specs} == {0} and {x.model for x in specs} == {"data/toy/model"}
     assert {x.resources.gpus_per_node for x in specs} == {0}

@@ -144,7 +144,7 @@ def token_log_probs(model, rollouts: Rollouts, temperature: float, with_entropy:
     distribution the tokens were drawn from. `autocast`: bfloat16 matmuls on CUDA, float32 log-softmax.
     """
     input_ids, attention_mask = rollouts.input_ids, rollouts.attention_mask
-    p, t = rollouts.prompt_ids.shape[1], rollouts.response_ids.shape[1]
+    t = rollouts.response_ids.shape[1]  # the last t + 1 logits predict the response tokens (and one past)
     with torch.autocast(device_type=input_ids.device.type, dtype=torch.bfloat16, enabled=autocast):
         logits = model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids(attention_mask),
                        use_cache=False, logits_to_keep=t + 1).logits[:, :t].float()

@@ -175,7 +175,7 @@ class Trainer:
             generated += 1
             r = self.rollout(problems, spec.rollout_n, spec.rollout.temperature, spec.rollout.top_p)
             scores, acc = score_rollouts(r, problems)
-            r.group = r.group + groups  # unique group ids across generation batches
+            r.group = r.group + (generated - 1) * spec.train_batch_size  # unique across generation batches
             if not dynamic:
                 kept.append((r, scores, acc))
                 break

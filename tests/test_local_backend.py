@@ -1,0 +1,189 @@
+"""The local backend end to end on the toy task: learning, exact resume, metrics, and refusing what it cannot do."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+torch = pytest.importorskip("torch")
+pytest.importorskip("transformers")
+
+from rpg_cli.backends.local.trainer import main as run_trainer  # noqa: E402
+from rpg_cli.datasets.toy import ToyPaths  # noqa: E402
+from rpg_cli.spec import ExperimentSpec  # noqa: E402
+
+REPO = Path(__file__).resolve().parents[1]
+
+# Every metric the issue names, in every training step's line.
+REQUIRED = ("actor/pg_loss", "actor/kl_loss", "actor/entropy", "actor/pg_clipfrac", "actor/ppo_kl", "actor/grad_norm",
+            "critic/score/mean", "critic/rewards/mean", "response_length/mean", "timing_s/step", "perf/throughput")
+VAL_KEY = "val-core/toy_add/acc/mean@8"
+
+
+@pytest.fixture(scope="module")
+def toy(tmp_path_factory):
+    """The toy task as `rpg prepare-data --toy` writes it (the real CLI)."""
+    from typer.testing import CliRunner
+
+    from rpg_cli.cli import app
+
+    out = tmp_path_factory.mktemp("data")
+    result = CliRunner().invoke(app, ["prepare-data", "--toy", "--out", str(out)])
+    assert result.exit_code == 0, result.output
+    paths = ToyPaths(out / "toy" / "model", out / "toy" / "train.parquet", out / "toy" / "val.parquet")
+    assert all(p.exists() for p in (paths.model / "config.json", paths.train, paths.val))
+    return paths
+
+
+def test_toy_task_rows_are_verl_rows_the_scorer_accepts(toy):
+    import pyarrow.parquet as pq
+
+    from rpg_cli.datasets import VERL_SCHEMA
+    from rpg_cli.rewards import score
+
+    table = pq.read_table(toy.train)
+    assert table.schema.names == VERL_SCHEMA.names
+    rows = table.to_pylist()
+    assert len(rows) == 18 and len({r["reward_model"]["ground_truth"] for r in rows}) == 10
+    for row in rows:
+        question = row["prompt"][0]["content"]
+        a, b = int(question[0]), int(question[2])
+        assert row["reward_model"]["ground_truth"] == str(a + b)
+        assert score(f"Answer: {a + b}", row["reward_model"]["ground_truth"])["acc"]
+
+
+def test_prepare_data_toy_refuses_sources_too(tmp_path):
+    from typer.testing import CliRunner
+
+    from rpg_cli.cli import app
+
+    result = CliRunner().invoke(app, ["prepare-data", "aime24", "--toy", "--out", str(tmp_path)])
+    assert result.exit_code == 2 and "--toy" in result.output
+    assert not any(tmp_path.iterdir())
+
+
+def write_spec(run_dir: Path, toy, **changes) -> Path:
+    spec = dict(algorithm="rpg", kl="urkl", beta=1e-3, clip={"eps_low": 0.2, "eps_high": 0.28, "c": 10.0},
+                optimizer="adamw", context="2k", model=str(toy.model),
+                data={"train_files": [str(toy.train)], "val_files": [str(toy.val)]},
+                train_batch_size=8, rollout_n=8, ppo_mini_batch_size=8, lr=5e-4, steps=150, seed=0,
+                val={"n": 8, "every": 50, "temperature": 1.0, "top_p": 1.0},
+                rollout={"temperature": 1.0, "top_p": 1.0, "engine": "hf"}, save_every=150, backend="local",
+                resources={"nodes": 1, "gpus_per_node": 0, "cpus": 1})
+    spec.update(changes)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    path = run_dir / "spec.json"
+    path.write_text(json.dumps(ExperimentSpec.model_validate(spec).canonical()))
+    return path
+
+
+def read_metrics(run_dir: Path) -> list[dict]:
+    return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+
+
+FAMILIES = {
+    "grpo": dict(algorithm="grpo", kl="none", reference="frozen"),
+    "dapo": dict(algorithm="dapo", kl="none", beta=0.0,
+                 dapo={"dynamic_sampling": True, "max_num_gen_batches": 4, "overlong_buffer": 16}),
+    "reinforce_pp": dict(algorithm="reinforce_pp", kl="none", reference="frozen"),
+    "reinforce_pp_baseline": dict(algorithm="reinforce_pp_baseline", kl="none"),
+    "rpg": dict(algorithm="rpg", kl="urkl"),
+    "rpg_reinforce": dict(algorithm="rpg_reinforce", kl="rkl"),
+}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("family", list(FAMILIES))
+def test_each_algorithm_family_learns_the_toy_task(family, toy, tmp_path):
+    spec = write_spec(tmp_path / family, toy, **FAMILIES[family])
+    assert run_trainer(str(spec)) == 0
+    lines = read_metrics(tmp_path / family)
+    before = lines[0]["data"][VAL_KEY]  # step 0: the starting policy
+    after = lines[-1]["data"][VAL_KEY]
+    assert lines[0]["step"] == 0 and lines[-1]["step"] == 150
+    assert before < 0.25  # the warmed-up toy model guesses
+    assert after >= before + 0.1, f"{family}: validation accuracy {before:.3f} -> {after:.3f}"
+
+
+def comparable(data: dict) -> dict:
+    return {k: v for k, v in data.items() if not k.startswith(("timing_s/", "perf/throughput", "perf/time_per_step"))}
+
+
+def test_resubmitted_run_resumes_from_its_checkpoint_without_repeating_steps(toy, tmp_path, capsys):
+    # schedule-free and a reference reset every 2 steps: the state a resume must restore exactly
+    changes = dict(steps=5, save_every=2, optimizer="schedule_free", reference={"every": 2},
+                   val={"n": 2, "every": 2, "temperature": 1.0, "top_p": 1.0})
+    whole = write_spec(tmp_path / "whole", toy, **changes)
+    assert run_trainer(str(whole)) == 0
+    broken = write_spec(tmp_path / "broken", toy, **changes)
+    assert run_trainer(str(broken), stop_after=3) == 0  # "killed" after step 3; last checkpoint: step 2
+    with (tmp_path / "broken" / "metrics.jsonl").open("a") as f:
+        f.write('{"step": 4, "data": {"actor/pg_lo')  # a line cut short by the crash
+    capsys.readouterr()
+    assert run_trainer(str(broken)) == 0  # the resubmitted job
+    out = capsys.readouterr().out
+    assert "resuming from step_2: continuing at step 3" in out
+    assert "step 1/5" not in out and "step 2/5" not in out and "step 3/5" in out
+
+    resumed, reference = read_metrics(tmp_path / "broken"), read_metrics(tmp_path / "whole")
+    assert [line["step"] for line in resumed] == [0, 1, 2, 3, 4, 5]
+    for got, want in zip(resumed, reference):
+        assert comparable(got["data"]) == pytest.approx(comparable(want["data"]), rel=1e-6, abs=1e-9)
+    assert sorted(p.name for p in (tmp_path / "broken" / "checkpoints").iterdir()) == ["step_2", "step_4", "step_5"]
+
+
+def test_metrics_jsonl_carries_every_verl_metric_and_checkpoints_load(toy, tmp_path, capsys):
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    spec = write_spec(tmp_path / "run", toy, steps=2, save_every=2, rollout={"temperature": 1.0, "top_p": 1.0, "engine": "vllm"},
+                      val={"n": 8, "every": 2, "temperature": 1.0, "top_p": 1.0})
+    assert run_trainer(str(spec)) == 0
+    assert "note: rollout.engine vllm" in capsys.readouterr().out  # the fallback is said, not silent
+    lines = read_metrics(tmp_path / "run")
+    assert [line["step"] for line in lines] == [0, 1, 2]
+    for line in lines[1:]:
+        missing = [k for k in REQUIRED if k not in line["data"]]
+        assert not missing, f"step {line['step']} lacks {missing}"
+        assert all(isinstance(v, float) for v in line["data"].values())
+    assert VAL_KEY in lines[0]["data"] and VAL_KEY in lines[2]["data"] and VAL_KEY not in lines[1]["data"]
+    assert lines[1]["data"]["response_length/mean"] > 0
+    checkpoint = tmp_path / "run" / "checkpoints" / "step_2"
+    model = AutoModelForCausalLM.from_pretrained(checkpoint)
+    tokenizer = AutoTokenizer.from_pretrained(checkpoint)
+    assert tokenizer.decode(tokenizer("Answer: 7")["input_ids"]) == "Answer: 7"
+    assert model.config.vocab_size == len(tokenizer)
+
+
+@pytest.mark.parametrize(
+    "changes, words",
+    [
+        (dict(resources={"nodes": 2, "gpus_per_node": 0, "cpus": 1}), "resources.nodes is 2"),
+        (dict(resources={"nodes": 1, "gpus_per_node": 2, "cpus": 1}), "gpus_per_node is 2"),
+        (dict(model="no/such/model-dir"), "model: no/such/model-dir does not exist"),
+        (dict(data={"train_files": ["missing.parquet"], "val_files": []}), "data.train_files: missing.parquet does not exist"),
+        (dict(backend="verl"), "backend is 'verl'"),
+    ],
+)
+def test_spec_the_backend_cannot_honour_fails_before_any_work(changes, words, toy, tmp_path, capsys):
+    spec = write_spec(tmp_path / "run", toy, **changes)
+    assert run_trainer(str(spec)) == 2
+    err = capsys.readouterr().err.strip()
+    assert words in err and len(err.splitlines()) == 1
+    assert sorted(p.name for p in (tmp_path / "run").iterdir()) == ["spec.json"]  # nothing written
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="needs a machine without a CUDA GPU")
+def test_job_entrypoint_refuses_a_gpu_it_does_not_have(toy, tmp_path):
+    spec = write_spec(tmp_path / "run", toy, resources={"nodes": 1, "gpus_per_node": 1, "cpus": 1})
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    done = subprocess.run([sys.executable, "-m", "rpg_cli.backends.local", "--spec", str(spec)],
+                          capture_output=True, text=True, env=env, timeout=120)
+    assert done.returncode == 2
+    assert done.stderr.strip().splitlines() == [
+        "rpg local backend: resources.gpus_per_node is 1 but no CUDA GPU is visible here; allowed: 0 (runs on the CPU)"]
+    assert not (tmp_path / "run" / "metrics.jsonl").exists()
