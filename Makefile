@@ -16,7 +16,7 @@ EXTRAS ?= dev,verl
 
 install: $(STAMP)
 
-$(STAMP): pyproject.toml Makefile
+$(STAMP): pyproject.toml constraints.txt Makefile
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	@if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; then \
 		echo "GPU found: torch comes with the package's own requirements"; \
@@ -24,7 +24,7 @@ $(STAMP): pyproject.toml Makefile
 		echo "no GPU: installing the CPU build of torch first ($(TORCH_CPU))"; \
 		$(PIP) install -q "$(TORCH_CPU)"; \
 	fi
-	$(PIP) install -q -e ".[$(EXTRAS)]"
+	$(PIP) install -q -e ".[$(EXTRAS)]" -c constraints.txt
 	touch $(STAMP)
 
 test: $(STAMP)
@@ -40,7 +40,7 @@ bench: $(STAMP) $(VENV)/.bench-installed
 
 # TRL only for the local trainer's comparison benchmark
 $(VENV)/.bench-installed: $(STAMP)
-	$(PIP) install -q -e ".[$(EXTRAS),bench]"
+	$(PIP) install -q -e ".[$(EXTRAS),bench]" -c constraints.txt
 	touch $@
 
 clean:

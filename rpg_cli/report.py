@@ -186,6 +186,8 @@ class Score:
     best: float | None  # the maximum over its evaluated steps
     last_step: int
     steps: int  # how many evaluated steps
+    first_step: int | None = None
+    first: float | None = None  # the value at the first evaluated step (step 0: the starting policy)
 
 
 @dataclass
@@ -261,9 +263,10 @@ def _val_combos(store: Store, run_ids: Sequence[str]) -> set[tuple[str, int]]:
     return out
 
 
-def _last_and_best(store: Store, table: Any, group_col: Any, filters: list[Any]) -> list[tuple[str, str, int, int, float | None, float | None]]:
-    """(run_id, group, last step, count, last value, best value) per (run, group) over the rows that
-    pass `filters`, aggregated in the database: max(step) and max(value), then the value at max(step)."""
+def _last_and_best(store: Store, table: Any, group_col: Any, filters: list[Any]) -> list[tuple[str, str, int, int, float | None, float | None, int, float | None]]:
+    """(run_id, group, last step, count, last value, best value, first step, first value) per (run, group)
+    over the rows that pass `filters`, aggregated in the database: min/max(step) and max(value), then the
+    values at those steps."""
     import sqlalchemy as sa
 
     c = table.c
@@ -274,16 +277,32 @@ def _last_and_best(store: Store, table: Any, group_col: Any, filters: list[Any])
             sa.func.max(c.step).label("last_step"),
             sa.func.count(c.value).label("n"),
             sa.func.max(c.value).label("best"),
+            sa.func.min(c.step).label("first_step"),
         )
         .where(*filters)
         .group_by(c.run_id, group_col)
         .subquery()
     )
-    query = sa.select(agg.c.run_id, agg.c.grp, agg.c.last_step, agg.c.n, c.value, agg.c.best).select_from(agg).join(
-        table, sa.and_(c.run_id == agg.c.run_id, group_col == agg.c.grp, c.step == agg.c.last_step, *filters)
+    first = table.alias("first")
+    f = first.c
+    f_group = getattr(f, group_col.key)
+    query = (
+        sa.select(agg.c.run_id, agg.c.grp, agg.c.last_step, agg.c.n, c.value, agg.c.best, agg.c.first_step, f.value)
+        .select_from(agg)
+        .join(table, sa.and_(c.run_id == agg.c.run_id, group_col == agg.c.grp, c.step == agg.c.last_step, *filters))
+        .join(first, sa.and_(f.run_id == agg.c.run_id, f_group == agg.c.grp, f.step == agg.c.first_step,
+                             *_same_filters(filters, table, first)))
     )
     with store.engine.connect() as conn:
         return [tuple(r) for r in conn.execute(query)]
+
+
+def _same_filters(filters: list[Any], table: Any, alias: Any) -> list[Any]:
+    """`filters` written against `table`, restated against its `alias`."""
+    import sqlalchemy as sa
+
+    adapter = sa.sql.util.ClauseAdapter(alias)
+    return [adapter.traverse(clause) for clause in filters]
 
 
 def scores(store: Store, run_ids: Sequence[str], metric: str = "mean@k") -> Scores:
@@ -304,8 +323,8 @@ def scores(store: Store, run_ids: Sequence[str], metric: str = "mean@k") -> Scor
         scorer = _most_rows_scorer(store, run_ids, stat, k_eval, sorted({c[2] for c in own if c[1] == k_eval}))
         filters = [e.run_id.in_(run_ids), e.metric.in_(_eval_names(stat, k_eval, scorer)), e.k == k_eval,
                    e.scorer == scorer, e.value.is_not(None)]  # fmt: skip
-        for run_id, bench, last_step, n, last, best in _last_and_best(store, store.t.evals, e.benchmark, filters):
-            values.setdefault(run_id, {})[bench] = Score(last, best, last_step, n)
+        for run_id, bench, last_step, n, last, best, first_step, first in _last_and_best(store, store.t.evals, e.benchmark, filters):
+            values.setdefault(run_id, {})[bench] = Score(last, best, last_step, n, first_step, first)
         sources.append(f"rpg eval (scorer {scorer}, {stat}@{k_eval}): {_runs(len(values))}")
         resolved.append(f"{stat}@{k_eval}")
 
@@ -316,8 +335,8 @@ def scores(store: Store, run_ids: Sequence[str], metric: str = "mean@k") -> Scor
         filters = [e.run_id.in_(rest), e.metric.in_(_eval_names(stat, k_val, VERL_VAL_SCORER)), e.k == k_val,
                    e.scorer == VERL_VAL_SCORER, e.value.is_not(None)]  # fmt: skip
         found: set[str] = set()
-        for run_id, source, last_step, n, last, best in _last_and_best(store, store.t.evals, e.benchmark, filters):
-            values.setdefault(run_id, {})[benchmark_name(source)] = Score(last, best, last_step, n)
+        for run_id, source, last_step, n, last, best, first_step, first in _last_and_best(store, store.t.evals, e.benchmark, filters):
+            values.setdefault(run_id, {})[benchmark_name(source)] = Score(last, best, last_step, n, first_step, first)
             found.add(run_id)
         if found:
             sources.append(f"training validation ({stat}@{k_val}): {_runs(len(found))}")
@@ -329,8 +348,8 @@ def scores(store: Store, run_ids: Sequence[str], metric: str = "mean@k") -> Scor
         m = store.t.metrics.c
         filters = [m.run_id.in_(rest), m.key.in_(list(by_key)), m.value.is_not(None)]
         found = set()
-        for run_id, key, last_step, n, last, best in _last_and_best(store, store.t.metrics, m.key, filters):
-            values.setdefault(run_id, {})[by_key[key]] = Score(last, best, last_step, n)
+        for run_id, key, last_step, n, last, best, first_step, first in _last_and_best(store, store.t.metrics, m.key, filters):
+            values.setdefault(run_id, {})[by_key[key]] = Score(last, best, last_step, n, first_step, first)
             found.add(run_id)
         label = "/".join(f"{stat}@{kk}" for kk in sorted({int(_VAL_KEY_RE.match(key)["k"]) for key in by_key}))
         sources.append(f"training validation ({label}): {_runs(len(found))}")
@@ -469,10 +488,26 @@ def build_table(
                     cell.diff = None if cell.mean is None else cell.mean - cell.paper
         groups.setdefault((model, context), Group(model, context, [])).rows.append(row)
     sources = result.sources + ([f"not scored yet: {_runs(len(runs) - len(scored))}"] if len(scored) < len(runs) else [])
+    sources += _starting_policy(result, scored, logged)
     table = Table(result.metric, logged, list(groups.values()), sources, compare_paper, sweep)
     for group in table.groups:
         _rank(group, table.columns)
     return table
+
+
+def _starting_policy(result: Scores, runs: list[RunRecord], benchmarks: list[str]) -> list[str]:
+    """Runs validated before training (step 0) show where every method started: the starting policy's
+    score per model and context, for the footer."""
+    starts: dict[tuple[str, str, str], list[float]] = defaultdict(list)
+    for r in runs:
+        for bench in benchmarks:
+            score = result.values[r.id].get(bench)
+            if score is not None and score.first_step == 0 and score.first is not None:
+                starts[(model_name(r.spec), context_name(r.spec), bench)].append(score.first)
+    by_group: dict[tuple[str, str], list[str]] = defaultdict(list)
+    for (model, context, bench), values in starts.items():
+        by_group[(model, context)].append(f"{bench} {fmt(statistics.fmean(values))}")
+    return [f"starting policy (step 0) on {model} {context}: {', '.join(parts)}" for (model, context), parts in by_group.items()]
 
 
 def _cell(values: list[float]) -> Cell:

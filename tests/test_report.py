@@ -493,3 +493,16 @@ def test_cli_runs_where_and_formats(db, store, fill):
     assert res.exit_code == 2 and "no spec field 'algo'; fields: algorithm" in res.output
     res = invoke("runs", "--db", db, "--format", "xml")
     assert res.exit_code == 2 and "allowed: table, csv, json" in res.output
+
+
+def test_footer_shows_the_starting_policy_when_runs_validated_before_training(store, fill):
+    """Step-0 validation is the starting policy: the footer gives its mean per model and context, so a
+    table shows how far each method moved from it; runs first validated later add nothing."""
+    for algorithm, start, end in (("dapo", 0.1, 0.6), ("grpo", 0.3, 0.5)):
+        run_id = fill.run(spec(algorithm))
+        fill.metrics(run_id, {0: {"val-core/math_dapo/acc/mean@4": start}, 10: {"val-core/math_dapo/acc/mean@4": end}})
+    late = fill.run(spec("reinforce_pp"))
+    fill.metrics(late, {5: {"val-core/math_dapo/acc/mean@4": 0.9}})
+    table = report.build_table(store)
+    assert table.sources[-1] == "starting policy (step 0) on Qwen3-4B 4K: aime24 0.2000"
+    assert row_of(table, "DAPO").cells[("aime24", "last")].mean == 0.6  # Last/Best unchanged by the footer
