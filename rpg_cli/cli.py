@@ -23,11 +23,6 @@ app = typer.Typer(
 )
 
 
-def _not_built(command: str) -> None:
-    typer.echo(f"rpg {command}: not built yet in this version of rpg (nothing was done).", err=True)
-    raise typer.Exit(2)
-
-
 @app.command("prepare-data")
 def prepare_data(
     sources: list[str] = typer.Argument(None, metavar="SOURCE", show_default=False, help="Presets dapo-math-17k, aime24, aime25, amc23 (default: all four); PRESET=FILE or PRESET=hf:OWNER/NAME:CONFIG@SPLIT reads another copy."),
@@ -88,11 +83,9 @@ def prepare_data(
         reports = prepare(specs, strict=strict)
     except PrepareError as e:
         _print_malformed_rows(e.reports)
-        typer.echo(f"rpg prepare-data: {e}", err=True)
-        raise typer.Exit(2) from None
+        _fail("prepare-data", e)
     except SourceError as e:
-        typer.echo(f"rpg prepare-data: {e}", err=True)
-        raise typer.Exit(2) from None
+        _fail("prepare-data", e)
     _print_malformed_rows(reports)
     _print_prepare_summary(reports)
 
@@ -159,8 +152,7 @@ def sweep(
     try:
         plans = plan_sweep(load_sweep(spec), Path(runs_dir), backend=backend)
     except SpecError as e:
-        typer.echo(f"rpg sweep: {e}", err=True)
-        raise typer.Exit(2) from None
+        _fail("sweep", e)
     try:
         states = known_states(db, [p.id for p in plans])
     except Exception as e:  # a store we cannot read must not hide the plan

@@ -192,6 +192,9 @@ class ExperimentSpec(_Frozen):
             )
         if self.kl_correction and alg != "grpo":
             raise SpecError(f"only grpo has a KL correction (got {alg}); allowed: false", "kl_correction")
+        if self.clip is not None and self.clip.clipped_weight_in_sg and alg != "rpg_reinforce":
+            raise SpecError(f"the clipped weight inside stop-gradient (Remark F.2) is rpg_reinforce's (got {alg}); "
+                            "allowed: false", "clip.clipped_weight_in_sg")
         if self.clip is None and alg not in RPG_ALGORITHMS:
             raise SpecError(
                 f"{alg} needs a clip; allowed: {{eps_low, eps_high, c}} (off only for rpg, rpg_reinforce)", "clip"
@@ -425,6 +428,8 @@ def _collapse(data: dict[str, Any]) -> dict[str, Any]:
         data["kl"] = "none"
     if alg != "grpo" and "kl_correction" in data:
         data["kl_correction"] = False
+    if alg != "rpg_reinforce" and isinstance(data.get("clip"), dict) and "clipped_weight_in_sg" in data["clip"]:
+        data["clip"] = {k: v for k, v in data["clip"].items() if k != "clipped_weight_in_sg"}
     if alg != "dapo":
         data.pop("dapo", None)
     elif "beta" in data:

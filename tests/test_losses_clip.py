@@ -154,3 +154,17 @@ def test_clipped_weight_option_replaces_w_inside_stop_gradient():
     (d_clipped,) = torch.autograd.grad(clipped.sum(), logp)
     assert d_plain.item() == pytest.approx(-w * adv)
     assert d_clipped.item() == pytest.approx(-(1 + E2) * adv)
+
+
+def test_policy_loss_passes_the_clipped_weight_option_to_rpg_reinforce_only():
+    w, adv = 2.0, -1.0  # a gradient branch with w > 1+e2: the option changes the gradient weight
+    kw = dict(log_prob=torch.tensor([[-1.0]], dtype=F64, requires_grad=True),
+              old_log_prob=torch.tensor([[-1.0 - math.log(w)]], dtype=F64),
+              advantages=torch.tensor([adv], dtype=F64), response_mask=torch.ones(1, 1, dtype=torch.bool),
+              eps_low=E1, eps_high=E2, clip_c=C)
+    plain, _ = policy_loss("rpg_reinforce_fkl", **kw)
+    clipped, _ = policy_loss("rpg_reinforce_fkl", clipped_weight=True, **kw)
+    assert torch.autograd.grad(plain, kw["log_prob"])[0].item() == pytest.approx(-w * adv)
+    assert torch.autograd.grad(clipped, kw["log_prob"])[0].item() == pytest.approx(-(1 + E2) * adv)
+    with pytest.raises(ValueError, match="rpg_reinforce_\\* losses only"):
+        policy_loss("rpg_fkl", clipped_weight=True, **kw)

@@ -221,6 +221,8 @@ def test_wrong_type(tmp_path, old, new, path, allowed):
         ({"algorithm": "rpg", "kl": "none"}, "kl", "allowed: fkl, rkl, ufkl, urkl"),
         ({"algorithm": "dapo", "kl": "none"}, "beta", "allowed: 0"),
         ({"algorithm": "rpg", "kl_correction": True}, "kl_correction", "allowed: false"),
+        ({"algorithm": "rpg", "clip": {"eps_low": 0.2, "eps_high": 0.2, "clipped_weight_in_sg": True}},
+         "clip.clipped_weight_in_sg", "allowed: false"),
         ({"algorithm": "reinforce_pp", "kl": "none", "clip": None}, "clip", "off only for rpg, rpg_reinforce"),
         ({"dapo": {"dynamic_sampling": True}}, "dapo", "allowed: null"),
         ({"ppo_mini_batch_size": 48}, "ppo_mini_batch_size", "divisor of train_batch_size"),

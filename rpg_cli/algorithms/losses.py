@@ -262,6 +262,7 @@ def policy_loss(
     eps_high: float = 0.28,
     clip_c: float = 10.0,
     loss_agg_mode: str = "token-mean",
+    clipped_weight: bool = False,
 ) -> tuple[torch.Tensor, dict[str, float]]:
     """The scalar loss to minimise and the metrics a researcher watches.
 
@@ -271,13 +272,16 @@ def policy_loss(
     old_log_prob: log pi_old (the sampling policy), same shape. ref_log_prob: log pi_ref, or None for the
           iterative reference pi_ref = pi_old.
     advantages: the baseline-subtracted reward R - b (or an estimator's output), per token or per sequence.
-    clip=False gives the unclipped losses of MATH.md section 1.
+    clip=False gives the unclipped losses of MATH.md section 1. clipped_weight (rpg_reinforce_* only) is
+    Remark F.2: the clipped ratio replaces w inside the stop-gradient.
 
     Metrics: pg_loss (the returned loss), kl (mean estimate of the penalised divergence, KL losses only),
     ppo_kl (mean -log w: drift from the sampling policy), ratio_mean (mean w), clipfrac_high/low/dual
     (fractions of valid tokens in each no-gradient branch) and clipfrac (high + low).
     """
     _check_inputs(name, log_prob, old_log_prob, advantages, response_mask, ref_log_prob, loss_agg_mode, clip, eps_low, eps_high, clip_c, beta)
+    if clipped_weight and not name.startswith("rpg_reinforce_"):
+        raise ValueError(f"clipped_weight (Remark F.2) applies to the rpg_reinforce_* losses only, not {name!r}")
     mask = response_mask.bool()
     zero = torch.zeros((), dtype=log_prob.dtype, device=log_prob.device)
     log_w = clamp_log_ratio(torch.where(mask, log_prob - old_log_prob.detach(), zero))
@@ -294,7 +298,8 @@ def policy_loss(
         out = grpo_loss(log_w, log_rho, adv, corrected=name == "grpo_corrected", beta=beta, **clipping)
     elif name.startswith("rpg_reinforce_"):
         logp = torch.where(mask, log_prob, zero)
-        out = rpg_reinforce_loss(name.removeprefix("rpg_reinforce_"), log_w, log_rho, logp, adv, beta=beta, **clipping)
+        out = rpg_reinforce_loss(name.removeprefix("rpg_reinforce_"), log_w, log_rho, logp, adv, beta=beta,
+                                 clipped_weight=clipped_weight, **clipping)
     else:
         out = rpg_loss(name.removeprefix("rpg_"), log_w, log_rho, adv, beta=beta, **clipping)
 

@@ -242,7 +242,7 @@ class Trainer:
                         ref_log_prob=None if ref_log_prob is None else ref_log_prob[micro], beta=spec.beta,
                         clip=clip is not None, eps_low=clip.eps_low if clip else 0.2,
                         eps_high=clip.eps_high if clip else 0.28, clip_c=clip.c if clip else 10.0,
-                        loss_agg_mode=spec.loss_agg_mode)
+                        loss_agg_mode=spec.loss_agg_mode, clipped_weight=bool(clip and clip.clipped_weight_in_sg))
                     entropy_mean = aggregate(entropy, part.response_mask.bool(), spec.loss_agg_mode)
                     if spec.entropy_coeff:
                         loss = loss - spec.entropy_coeff * entropy_mean
