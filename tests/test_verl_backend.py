@@ -65,6 +65,7 @@ def assert_config_is_the_spec(spec: ExperimentSpec, cfg, run_dir: Path) -> None:
     if spec.clip is not None:
         assert (actor.clip_ratio_low, actor.clip_ratio_high, actor.clip_ratio_c) == (
             spec.clip.eps_low, spec.clip.eps_high, spec.clip.c)
+    assert loss.clipped_weight == (spec.clip is not None and spec.clip.clipped_weight_in_sg)
     # the reference: the frozen one is verl's ref worker; the iterative one needs no worker at all
     kl_in_reward = spec.algorithm in ("reinforce_pp", "reinforce_pp_baseline")
     assert need_reference_policy(cfg) == (spec.reference == "frozen")
@@ -140,11 +141,12 @@ def paper_run(**changes) -> ExperimentSpec:
 
 @pytest.mark.parametrize("changes", [
     {"algorithm": "rpg_reinforce", "kl": "fkl", "clip": "off", "optimizer": "schedule_free"},
+    {"algorithm": "rpg_reinforce", "kl": "urkl", "clip": {"eps_low": 0.2, "eps_high": 0.28, "clipped_weight_in_sg": True}},
     {"algorithm": "grpo", "kl": "none", "kl_correction": True, "reference": "frozen", "loss_agg_mode": "seq-mean-token-mean"},
     {"algorithm": "reinforce_pp", "kl": "none", "reference": "frozen", "beta": 1e-3, "context": "8k"},
     {"algorithm": "dapo", "kl": "none", "beta": 0.0, "dapo": {"dynamic_sampling": False, "overlong_buffer": 1024}},
     {"data": {"train_files": ["odd dir/train=1,b's.parquet"]}, "resources": {"nodes": 2, "gpus_per_node": 4, "cpus": 4}},
-], ids=["unclipped-schedule_free", "grpo_corrected", "reinforce_pp-8k", "dapo-no-dynamic-sampling", "2-nodes-no-val"])
+], ids=["unclipped-schedule_free", "clipped-weight-remark-F2", "grpo_corrected", "reinforce_pp-8k", "dapo-no-dynamic-sampling", "2-nodes-no-val"])
 def test_off_grid_variants_compose_equal_to_their_spec(changes, tmp_path):
     spec = paper_run(**changes)
     cfg = compose_verl(spec, tmp_path)
@@ -313,6 +315,24 @@ def test_verl_loss_path_computes_exactly_policy_loss(name, use_reference, tmp_pa
     assert {"actor/pg_loss", "actor/pg_clipfrac", "actor/ppo_kl"} <= set(metrics)
 
 
+def test_verl_loss_path_passes_remark_f2_clipped_weight(tmp_path):
+    name = "rpg_reinforce_urkl"
+    base = actor_config(name, tmp_path, use_reference=False)
+    config = dataclasses.replace(base, policy_loss=dataclasses.replace(base.policy_loss, clipped_weight=True))
+    data, flat, padded = verl_batch(seed=3)
+    loss, _ = verl_actor_loss(config, flat, data)
+    plain, _ = verl_actor_loss(base, flat, data)
+    ends = torch.tensor([3 + 5, 2 + 1, 4 + 7, 2 + 3]).cumsum(0).tolist()
+    log_prob = torch.nn.utils.rnn.pad_sequence([flat[e - n - 1: e - 1] for e, n in zip(ends, [5, 1, 7, 3])],
+                                               batch_first=True)
+    ours, _ = policy_loss(name, log_prob=log_prob, old_log_prob=padded["old"], advantages=padded["adv"],
+                          response_mask=padded["mask"].bool(), beta=0.05, eps_low=config.clip_ratio_low,
+                          eps_high=config.clip_ratio_high, clip_c=config.clip_ratio_c, clipped_weight=True)
+    assert torch.equal(loss.detach(), ours.detach())
+    (verl_grad,), (our_grad,), (plain_grad,) = (torch.autograd.grad(x, flat) for x in (loss, ours, plain))
+    assert torch.equal(verl_grad, our_grad) and not torch.equal(plain_grad, verl_grad)
+
+
 def test_a_reference_changes_the_loss_and_a_missing_one_is_a_clear_error(tmp_path):
     name = "rpg_urkl"
     data, flat, _ = verl_batch(seed=7)
@@ -348,7 +368,6 @@ def test_global_batch_aggregation_matches_verls_own_ppo_loss(agg, dp_size, token
 @pytest.mark.parametrize("changes,field,words", [
     ({"reference": {"every": 10}}, "reference", "ref worker cannot"),
     ({"rollout": {"engine": "hf"}}, "rollout.engine", "allowed with backend verl: vllm"),
-    ({"clip": {"eps_low": 0.2, "eps_high": 0.28, "clipped_weight_in_sg": True}}, "clip.clipped_weight_in_sg", "Remark F.2"),
     ({"resources": {"nodes": 1, "gpus_per_node": 0, "cpus": 4}}, "resources.gpus_per_node", "verl trains on GPUs"),
     ({"resources": {"nodes": 1, "gpus_per_node": 3, "cpus": 4}}, "train_batch_size", "do not split over 3 GPUs"),
     ({"algorithm": "reinforce_pp", "kl": "none", "beta": 1e-3, "reference": "iterative"}, "reference", "frozen"),

@@ -68,12 +68,6 @@ def check(spec: ExperimentSpec) -> None:
             "allowed with backend verl: vllm (hf is the local backend's)",
             "rollout.engine",
         )
-    if spec.clip is not None and spec.clip.clipped_weight_in_sg:
-        raise SpecError(
-            "Remark F.2's clipped weight is not exposed by the loss library's policy_loss; allowed with "
-            "backend verl: false",
-            "clip.clipped_weight_in_sg",
-        )
     if spec.algorithm in KL_IN_REWARD and spec.beta > 0 and spec.reference != "frozen":
         raise SpecError(
             f"{spec.algorithm} folds beta * k1(pi_old/pi_ref) into the reward, which is 0 for the iterative "
@@ -154,6 +148,7 @@ def overrides(spec: ExperimentSpec, run_dir: Path) -> list[str]:
         f"+{actor}.policy_loss.beta": spec.beta,
         f"+{actor}.policy_loss.clip": clip is not None,
         f"+{actor}.policy_loss.use_reference": frozen and not kl_in_reward,
+        f"+{actor}.policy_loss.clipped_weight": clip is not None and clip.clipped_weight_in_sg,
         # the frozen reference comes from verl's ref worker, which verl starts only with a KL loss on;
         # that loss gets weight 0 because the KL lives inside our policy loss
         f"{actor}.use_kl_loss": frozen and not kl_in_reward,

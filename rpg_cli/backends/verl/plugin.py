@@ -45,6 +45,7 @@ class RPGPolicyLossConfig(PolicyLossConfig):
     beta: float = 0.0
     clip: bool = True
     use_reference: bool = False
+    clipped_weight: bool = False  # Remark F.2 (rpg_reinforce_* only): clip(w) replaces w inside SG
 
     def __post_init__(self):
         if self.loss_mode in LOSS_NAMES and self.beta < 0:
@@ -90,6 +91,7 @@ def rpg_policy_loss(
         eps_high=config.clip_ratio_high,
         clip_c=config.clip_ratio_c,
         loss_agg_mode=loss_agg_mode,
+        clipped_weight=getattr(settings, "clipped_weight", False),
     )
     loss = loss * global_batch_scale(loss_agg_mode, response_mask, getattr(config, "global_batch_info", None) or {})
     return loss, _verl_metrics(metrics)
