@@ -545,6 +545,37 @@ def cancel_command(
     typer.echo(f"stopped {len(stopped)} run(s): " + ", ".join(r.name for r in stopped))
 
 
+@app.command("stop")
+def stop_command(
+    runs_dir: str = typer.Option("runs", "--runs-dir", metavar="PATH", help=_RUNS_DIR_HELP),
+    db: str = typer.Option(None, "--db", metavar="URL", help=_DB_HELP),
+    force: bool = typer.Option(False, "--force", help="Stop it even while runs are live (their jobs die with it)."),
+) -> None:
+    """Stop the local Ray head that `rpg sweep`/`rpg eval` started under --runs-dir (it stays up between
+    commands so that the next one starts at once). Results and run directories are kept."""
+    from pathlib import Path
+
+    from rpg_cli.jobs import stop_local_head
+    from rpg_cli.store import DEFAULT_DB_URL, StoreError, open_store
+
+    if not force:
+        live = []
+        try:
+            store = open_store(db or DEFAULT_DB_URL, create=False)
+        except StoreError:  # no results database: no run can be live
+            store = None
+        if store is not None:
+            live = [r for r in store.runs() if r.status in ("pending", "submitted", "running")]
+            store.close()
+        if live:
+            _fail("stop", RuntimeError(f"{len(live)} run(s) are live ({', '.join(r.name for r in live[:3])}"
+                                       f"{', ...' if len(live) > 3 else ''}); `rpg cancel` them first, or pass --force"))
+    if stop_local_head(Path(runs_dir)):
+        typer.echo(f"stopped the local Ray head in {runs_dir}/ray")
+    else:
+        typer.echo(f"no local Ray head is running in {runs_dir}/ray")
+
+
 def _progress_caption(snapshot) -> str:
     counts = snapshot.counts
     return (f"pending {counts['pending'] + counts['submitted']} · running {counts['running']} · "

@@ -78,3 +78,17 @@ def test_k2_is_second_order_close_to_k3():
     small = torch.tensor([1e-3], dtype=F64)
     assert k2(small).item() == pytest.approx(k3(small).item(), rel=1e-3)
     assert math.isclose(k1(small).item(), -1e-3)
+
+
+@pytest.mark.parametrize("variant", list(KL_ESTIMATORS))
+def test_a_given_w_gives_the_same_estimate_and_gradient(variant):
+    """The losses pass the w they already computed; the estimate and its gradient must not change."""
+    g = torch.Generator().manual_seed(2)
+    log_w = (0.5 * torch.randn(16, generator=g, dtype=F64)).requires_grad_(True)
+    log_rho = 0.5 * torch.randn(16, generator=g, dtype=F64)
+    alone = kl_estimate(variant, log_w, log_rho)
+    given = kl_estimate(variant, log_w, log_rho, log_w.exp())
+    assert torch.allclose(alone, given, atol=1e-14)
+    (d_alone,) = torch.autograd.grad(alone.sum(), log_w)
+    (d_given,) = torch.autograd.grad(given.sum(), log_w)
+    assert torch.allclose(d_alone, d_given, atol=1e-14)

@@ -52,44 +52,48 @@ def log_u_of(log_w: torch.Tensor, log_rho: torch.Tensor | None) -> torch.Tensor:
     return log_w if log_rho is None else log_w - log_rho
 
 
-def forward_kl(log_w: torch.Tensor, log_rho: torch.Tensor | None) -> torch.Tensor:
+def forward_kl(log_w: torch.Tensor, log_rho: torch.Tensor | None, w: torch.Tensor | None = None) -> torch.Tensor:
     """KL(pi_ref || pi_theta) = E_old[rho * k1(u)]; its gradient term is -rho * logp."""
     if log_rho is None:
         return k1(log_w)
     return torch.exp(log_rho) * k1(log_w - log_rho)
 
 
-def reverse_kl(log_w: torch.Tensor, log_rho: torch.Tensor | None) -> torch.Tensor:
+def reverse_kl(log_w: torch.Tensor, log_rho: torch.Tensor | None, w: torch.Tensor | None = None) -> torch.Tensor:
     """KL(pi_theta || pi_ref) = E_old[w log u]."""
-    return torch.exp(log_w) * log_u_of(log_w, log_rho)
+    return (torch.exp(log_w) if w is None else w) * log_u_of(log_w, log_rho)
 
 
-def forward_ukl(log_w: torch.Tensor, log_rho: torch.Tensor | None) -> torch.Tensor:
+def forward_ukl(log_w: torch.Tensor, log_rho: torch.Tensor | None, w: torch.Tensor | None = None) -> torch.Tensor:
     """UKL(pi_ref || pi_theta) = E_old[rho * k3(u)] = E_old[w - rho - rho log u].
 
     With pi_ref = pi_old this is E_old[k3(pi_theta/pi_old)] (the k3 identity of section 1).
     """
     if log_rho is None:
         return k3(log_w)
-    return torch.exp(log_rho) * k3(log_w - log_rho)
+    if w is None:
+        return torch.exp(log_rho) * k3(log_w - log_rho)
+    # rho k3(u) = w - rho (1 + log w - log rho), with the w the caller has and the constant part apart
+    rho = torch.exp(log_rho)
+    return w - rho * log_w - rho * (1 - log_rho)
 
 
-def reverse_ukl(log_w: torch.Tensor, log_rho: torch.Tensor | None) -> torch.Tensor:
+def reverse_ukl(log_w: torch.Tensor, log_rho: torch.Tensor | None, w: torch.Tensor | None = None) -> torch.Tensor:
     """UKL(pi_theta || pi_ref) = E_old[w * k3(1/u)] = E_theta[k3(pi_ref/pi_theta)].
 
     This is also GRPO's KL term with its importance-weight correction.
     """
-    return torch.exp(log_w) * k3(-log_u_of(log_w, log_rho))
+    return (torch.exp(log_w) if w is None else w) * k3(-log_u_of(log_w, log_rho))
 
 
 KL_ESTIMATORS = {"fkl": forward_kl, "rkl": reverse_kl, "ufkl": forward_ukl, "urkl": reverse_ukl}
 
 
-def kl_estimate(variant: str, log_w: torch.Tensor, log_rho: torch.Tensor | None) -> torch.Tensor:
+def kl_estimate(variant: str, log_w: torch.Tensor, log_rho: torch.Tensor | None, w: torch.Tensor | None = None) -> torch.Tensor:
     """Per-token estimate of the variant's divergence: E_old[estimate] is the divergence, and
-    d estimate / d logp is the paper's gradient term."""
+    d estimate / d logp is the paper's gradient term. `w` = exp(log_w) when the caller has it."""
     try:
-        return KL_ESTIMATORS[variant](log_w, log_rho)
+        return KL_ESTIMATORS[variant](log_w, log_rho, w)
     except KeyError:
         raise ValueError(f"unknown KL variant {variant!r}; expected one of {', '.join(KL_VARIANTS)}") from None
 

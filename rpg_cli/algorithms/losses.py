@@ -99,7 +99,7 @@ def rpg_loss(
     have section 1's per-token gradient exactly.
     """
     w = torch.exp(log_w)
-    kl = kl_estimate(variant, log_w, log_rho)
+    kl = kl_estimate(variant, log_w, log_rho, w)
     if not clip:
         return TokenLoss(-w * adv + beta * kl, w, kl)
     if variant in ("rkl", "urkl"):
@@ -143,9 +143,9 @@ def rpg_reinforce_loss(
     Remark F.2: clip(w, 1-e1, 1+e2) replaces w inside SG in the gradient branches (default off).
     """
     with torch.no_grad():  # every weight of a REINFORCE loss is a constant; the KL value is a metric
-        kl = kl_estimate(variant, log_w, log_rho)
-        c_kl = beta * kl_component(variant, log_w, log_rho)
         w = torch.exp(log_w)
+        kl = kl_estimate(variant, log_w, log_rho, w)
+        c_kl = beta * kl_component(variant, log_w, log_rho)
     ell = -log_prob
     if not clip:
         return TokenLoss((w * adv + c_kl) * ell, w, kl)
@@ -186,7 +186,7 @@ def grpo_loss(
     which is exactly the `urkl` estimator: E_old[w k3(pi_ref/pi_theta)] = UKL(pi_theta || pi_ref).
     """
     pg = ppo_loss(log_w, adv, clip=clip, eps_low=eps_low, eps_high=eps_high, c=c)
-    kl = reverse_ukl(log_w, log_rho) if corrected else k3(-log_u_of(log_w, log_rho))
+    kl = reverse_ukl(log_w, log_rho, pg.ratio) if corrected else k3(-log_u_of(log_w, log_rho))
     return pg._replace(loss=pg.loss + beta * kl, kl=kl)
 
 
