@@ -86,7 +86,9 @@ class HFGenerator:
         if self.tokenizer.pad_token_id is None:
             self.tokenizer.pad_token = self.tokenizer.eos_token
         self.model = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=dtype).to(self.device).eval()
-        self.eos_ids = _eos_ids(self.model, self.tokenizer)
+        from rpg_cli.backends.local.rollout import eos_ids
+
+        self.eos_ids = eos_ids(self.model, self.tokenizer)
         self.chunk = chunk  # sequences per `generate` call
         self.max_positions = getattr(self.model.config, "max_position_embeddings", None)
 
@@ -158,10 +160,3 @@ class VLLMGenerator:
         torch.cuda.empty_cache()
 
 
-def _eos_ids(model, tokenizer) -> list[int]:
-    """Every id that ends a response: the tokenizer's eos and the model's generation config's."""
-    ids = {tokenizer.eos_token_id} if tokenizer.eos_token_id is not None else set()
-    configured = getattr(getattr(model, "generation_config", None), "eos_token_id", None)
-    if configured is not None:
-        ids.update(configured if isinstance(configured, list) else [configured])
-    return sorted(ids)

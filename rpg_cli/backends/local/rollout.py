@@ -69,6 +69,15 @@ def position_ids(attention_mask: torch.Tensor) -> torch.Tensor:
 
 
 @torch.no_grad()
+def eos_ids(model, tokenizer) -> list[int]:
+    """Every id that ends a response: the tokenizer's eos and the model's generation config's."""
+    ids = {tokenizer.eos_token_id} if tokenizer.eos_token_id is not None else set()
+    configured = getattr(getattr(model, "generation_config", None), "eos_token_id", None)
+    if configured is not None:
+        ids.update(configured if isinstance(configured, list) else [configured])
+    return sorted(ids)
+
+
 def generate(model, tokenizer, problems: list[Problem], n: int, *, temperature: float, top_p: float,
              max_new_tokens: int, eos_ids: list[int], device: torch.device, chunk: int = 256) -> Rollouts:
     """n samples per problem (problem i's samples are rows i*n .. i*n+n-1), in chunks of `chunk` sequences.

@@ -32,7 +32,7 @@ from rpg_cli.algorithms import advantages as adv
 from rpg_cli.backends.local import checkpoint as ckpt
 from rpg_cli.backends.local.data import batch_indices, load_problems
 from rpg_cli.backends.local.preflight import BackendError, Plan
-from rpg_cli.backends.local.rollout import Problem, Rollouts, concat, generate, score_rollouts, token_log_probs
+from rpg_cli.backends.local.rollout import Problem, Rollouts, concat, eos_ids, generate, score_rollouts, token_log_probs
 
 # Sequences per forward/backward chunk are bounded by this many tokens (gradient accumulation above it).
 MICRO_BATCH_TOKENS = 32_768
@@ -326,15 +326,6 @@ def make_optimizer(spec, model) -> torch.optim.Optimizer:
 
         return AdamWScheduleFree(params, lr=spec.lr, weight_decay=spec.weight_decay, warmup_steps=spec.lr_warmup_steps)
     return torch.optim.AdamW(params, lr=spec.lr, weight_decay=spec.weight_decay)
-
-
-def eos_ids(model, tokenizer) -> list[int]:
-    """Every id that ends a response: the tokenizer's eos and the model's generation config's."""
-    ids = {tokenizer.eos_token_id} if tokenizer.eos_token_id is not None else set()
-    configured = getattr(getattr(model, "generation_config", None), "eos_token_id", None)
-    if configured is not None:
-        ids.update(configured if isinstance(configured, list) else [configured])
-    return sorted(ids)
 
 
 def record(sums: dict[str, list[float]], values: dict[str, float]) -> None:
