@@ -11,7 +11,7 @@ from __future__ import annotations
 import csv
 import json
 import logging
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -181,23 +181,18 @@ def read_local(path: Path, label: str) -> RawRows:
 
 
 def _read_jsonl(path: Path) -> RawRows:
-    rows = RawRows(fields=[], records=[], unit="line")
-    seen_fields: dict[str, None] = {}
+    parsed: list[tuple[int, Any]] = []
+    unparsable: list[tuple[int, str]] = []
     with path.open(encoding="utf-8") as handle:
         for number, line in enumerate(handle, start=1):
             if not line.strip():
                 continue
             try:
-                record = json.loads(line)
+                parsed.append((number, json.loads(line)))
             except json.JSONDecodeError as exc:
-                rows.unreadable.append((number, f"invalid JSON ({exc.msg})"))
-                continue
-            if not isinstance(record, dict):
-                rows.unreadable.append((number, "not a JSON object"))
-                continue
-            seen_fields.update(dict.fromkeys(record))
-            rows.records.append((number, record))
-    rows.fields = list(seen_fields)
+                unparsable.append((number, f"invalid JSON ({exc.msg})"))
+    rows = _json_objects(parsed, unit="line")
+    rows.unreadable = sorted(unparsable + rows.unreadable)
     return rows
 
 
@@ -208,9 +203,14 @@ def _read_json(path: Path, label: str) -> RawRows:
         raise SourceError(f"{label}: {path} is not valid JSON (line {exc.lineno}: {exc.msg})") from exc
     if not isinstance(data, list):
         raise SourceError(f"{label}: {path} must hold a JSON list of objects (or use JSONL, one object a line)")
-    rows = RawRows(fields=[], records=[])
+    return _json_objects(enumerate(data, start=1))
+
+
+def _json_objects(numbered: Iterable[tuple[int, Any]], unit: str = "row") -> RawRows:
+    """The JSON objects among (number, value) pairs as records; any other value is an unreadable row."""
+    rows = RawRows(fields=[], records=[], unit=unit)
     seen_fields: dict[str, None] = {}
-    for number, record in enumerate(data, start=1):
+    for number, record in numbered:
         if not isinstance(record, dict):
             rows.unreadable.append((number, "not a JSON object"))
             continue
