@@ -1,0 +1,169 @@
+"""A run's directory, and the two helpers everything that writes or reads one shares.
+
+    runs/<sweep>/<run name>/
+      spec.json       the canonical spec; written before the job starts, read by the local backend
+      metrics.jsonl   one line per step, {"step": N, "data": {"actor/pg_loss": ...}}: verl's file
+                      logger's format, written by both backends
+      job.log         the job's output, saved when it ends or is cancelled
+      checkpoints/    step_N/ (local backend: an HF model directory, plus its trainer state) or
+                      global_step_N/actor/huggingface/ (verl, when it saves hf_model)
+      eval/step_N/<benchmark>.jsonl   `rpg eval`'s generated responses, its resume cache
+
+`write_atomic` writes a file whole or not at all; `last_lines` and `last_error_line` read the end of
+a log. Standard library only: the orchestrator, both backends and the evaluation import this.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import secrets
+from pathlib import Path
+
+SPEC_FILE = "spec.json"
+METRICS_FILE = "metrics.jsonl"
+JOB_LOG = "job.log"
+CHECKPOINTS_DIR = "checkpoints"
+EVAL_DIR = "eval"
+REWARD_KEY = "critic/score/mean"  # the metrics.jsonl key that `rpg runs` and the sweep view show as reward
+
+_STEP_DIR = re.compile(r"^(?:global_)?step_(\d+)$")
+_WEIGHT_FILES = ("*.safetensors", "pytorch_model*.bin", "model.safetensors.index.json")
+
+
+def spec_path(run_dir: Path) -> Path:
+    return Path(run_dir) / SPEC_FILE
+
+
+def metrics_path(run_dir: Path) -> Path:
+    return Path(run_dir) / METRICS_FILE
+
+
+def job_log_path(run_dir: Path) -> Path:
+    return Path(run_dir) / JOB_LOG
+
+
+def checkpoints_dir(run_dir: Path) -> Path:
+    return Path(run_dir) / CHECKPOINTS_DIR
+
+
+def eval_cache_path(run_dir: Path, step: int, benchmark: str) -> Path:
+    return Path(run_dir) / EVAL_DIR / f"step_{step}" / f"{benchmark}.jsonl"
+
+
+def write_spec(run_dir: Path, spec: dict) -> Path:
+    """Write `<run_dir>/spec.json` atomically; returns its path."""
+    import json
+
+    return write_atomic(spec_path(run_dir), json.dumps(spec, indent=2, sort_keys=True) + "\n")
+
+
+# ------------------------------------------------------------------------------------------ checkpoints
+
+
+def local_checkpoint(run_dir: Path, step: int) -> Path:
+    """Where the local backend saves step N: checkpoints/step_N."""
+    return checkpoints_dir(run_dir) / f"step_{step}"
+
+
+def step_dirs(run_dir: Path) -> list[tuple[int, Path]]:
+    """Every checkpoints/step_N and checkpoints/global_step_N directory of a run, by step."""
+    root = checkpoints_dir(run_dir)
+    found = []
+    if root.is_dir():
+        for entry in root.iterdir():
+            match = _STEP_DIR.match(entry.name)
+            if match and entry.is_dir():
+                found.append((int(match.group(1)), entry))
+    return sorted(found)
+
+
+def model_dir(step_dir: Path) -> Path | None:
+    """The HF model inside a checkpoint: the directory itself (local backend) or verl's actor/huggingface."""
+    for candidate in (step_dir, step_dir / "actor" / "huggingface"):
+        if (candidate / "config.json").is_file() and has_weights(candidate):
+            return candidate
+    return None
+
+
+def has_weights(directory: Path) -> bool:
+    return any(any(Path(directory).glob(pattern)) for pattern in _WEIGHT_FILES)
+
+
+def find_checkpoints(run_dir: Path) -> dict[int, Path | None]:
+    """Every checkpoint step of a run and its HF model directory (None: saved without HF weights)."""
+    found: dict[int, Path | None] = {}
+    for step, entry in step_dirs(run_dir):
+        found[step] = found.get(step) or model_dir(entry)
+    return found
+
+
+def checkpoint_dir(run_dir: Path, step: int) -> Path:
+    """The checkpoint directory of `step` (verl's name first), or where the local backend would put it."""
+    for name in (f"global_step_{step}", f"step_{step}"):
+        if (checkpoints_dir(run_dir) / name).is_dir():
+            return checkpoints_dir(run_dir) / name
+    return local_checkpoint(run_dir, step)
+
+
+def as_checkpoint(path: Path) -> tuple[int, Path, Path | None] | None:
+    """(step, checkpoint directory, run directory or None) when `path` is one checkpoint of a run:
+    step_N, global_step_N, or global_step_N/actor[/huggingface]."""
+    path = Path(path)
+    if _STEP_DIR.match(path.name):
+        step_dir = path
+    elif path.name == "actor" and _STEP_DIR.match(path.parent.name):
+        step_dir = path.parent
+    elif path.name == "huggingface" and path.parent.name == "actor" and _STEP_DIR.match(path.parent.parent.name):
+        step_dir = path.parent.parent
+    else:
+        return None
+    match = _STEP_DIR.match(step_dir.name)
+    assert match is not None
+    run_dir = step_dir.parent.parent if step_dir.parent.name == CHECKPOINTS_DIR else None
+    return int(match.group(1)), step_dir, run_dir
+
+
+# ---------------------------------------------------------------------------------- writing, reading
+
+
+def write_atomic(path: str | Path, data: str | bytes, mode: int = 0o666) -> Path:
+    """Write a file whole or not at all (a temporary file beside it, renamed over it); returns its path.
+
+    `mode` is filtered by the umask, as for any new file (0o600: the owner only).
+    """
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.{secrets.token_hex(4)}.tmp")
+    try:
+        with open(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, mode), "wb") as f:
+            f.write(data.encode("utf-8") if isinstance(data, str) else data)
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+    return path
+
+
+def last_lines(text: str, n: int = 1) -> str:
+    """The last `n` non-blank lines of `text`, stripped and joined by " | "; '' when there are none."""
+    lines = [line.strip() for line in text.splitlines() if line.strip()]
+    return " | ".join(lines[-n:])
+
+
+_ERROR_LINE = re.compile(r"^\s*(?:\S*\.)?([A-Z]\w*(?:Error|Exception)|AssertionError|KeyboardInterrupt)\b:?\s*(.*)$")
+
+
+def last_error_line(log: str) -> str:
+    """The last `SomeError: message` line of a traceback-bearing log ('' when there is none)."""
+    for line in reversed(log.splitlines()):
+        match = _ERROR_LINE.match(line)
+        if match and "Traceback" not in line:
+            name, message = match.groups()
+            return f"{name}: {message}".strip().rstrip(":")
+    return ""
+
+
+def failure_line(log: str, limit: int = 300) -> str:
+    """One line for a failed job, from the tail of its log: its last error, else its last line."""
+    return (last_error_line(log) or last_lines(log) or "the job failed without output")[:limit]
