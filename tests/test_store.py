@@ -17,7 +17,7 @@ import pytest
 from typer.testing import CliRunner
 
 from rpg_cli.cli import app
-from rpg_cli.plan import RunPlan
+from rpg_cli.orchestration.plan import RunPlan
 from rpg_cli.store import StoreError, open_store, parse_metric_lines, run_states
 
 
@@ -375,6 +375,16 @@ def test_rpg_runs_lists_and_filters(tmp_path):
         assert p.name in result.output
     assert "0.6250" in result.output and "reward went sideways" in result.output
 
+    result = runner.invoke(app, ["runs", "--db", db, "--format", "json"])
+    assert {r["name"]: r["seed"] for r in json.loads(result.output)} == {"run-1": 1, "run-2": 2, "run-3": 3}
+    result = runner.invoke(app, ["runs", "--db", db, "--format", "csv", "--sweep", "other"])
+    assert result.output.splitlines()[0].startswith("sweep,name,id,seed,status,")
+    assert result.output.splitlines()[1].startswith(f"other,run-3,{plans[2].id},3,pending,")
+    result = runner.invoke(app, ["runs", "--db", db, "--sweep", "other"], env={"COLUMNS": "200"})
+    header = [c.strip() for c in next(line for line in result.output.splitlines() if "seed" in line).split("┃")]
+    row = [c.strip() for c in next(line for line in result.output.splitlines() if "run-3" in line).split("│")]
+    assert row[header.index("seed")] == "3"
+
     result = runner.invoke(app, ["runs", "--db", db, "--sweep", "sw", "--status", "pending"])
     assert result.exit_code == 0
     assert "run-2" in result.output and "run-1" not in result.output and "run-3" not in result.output
@@ -385,3 +395,79 @@ def test_rpg_runs_lists_and_filters(tmp_path):
     result = runner.invoke(app, ["runs", "--db", f"sqlite:///{tmp_path / 'none' / 'results.db'}"])
     assert result.exit_code == 0 and "no runs recorded yet" in result.output
     assert not (tmp_path / "none").exists()
+
+
+# ---------------------------------------------------------------------------------- schema versions
+
+V1_DUMP = Path(__file__).resolve().parent / "data" / "results-v1.sql"
+
+
+def v1_database(path: Path) -> Path:
+    con = sqlite3.connect(path)
+    con.executescript(V1_DUMP.read_text(encoding="utf-8"))
+    con.close()
+    return path
+
+
+def table_rows(db: Path) -> dict[str, list[tuple]]:
+    with sqlite3.connect(db) as con:
+        names = [r[0] for r in con.execute("SELECT name FROM sqlite_master WHERE type = 'table' ORDER BY name")]
+        return {n: sorted(con.execute(f'SELECT * FROM "{n}"').fetchall(), key=repr) for n in names}
+
+
+def test_a_database_written_before_schema_versions_opens_with_nothing_lost(tmp_path):
+    db = v1_database(tmp_path / "results.db")
+    before = table_rows(db)
+    assert "schema_version" not in before and len(before["metrics"]) == 3 * 10 and len(before["samples"]) == 8
+    for create in (False, True):  # as `rpg runs` opens it, then as `rpg sweep` does
+        store = open_store(f"sqlite:///{db}", create=create)
+        try:
+            runs = {r.id: r for r in store.runs()}
+            assert {i: r.status for i, r in runs.items()} == {"v1run001": "succeeded", "v1run002": "failed",
+                                                               "v1run003": "running"}  # fmt: skip
+            assert runs["v1run002"].error.endswith("ValueError: boom") and runs["v1run001"].spec["kl"] == "urkl"
+            assert (runs["v1run001"].finished_at - runs["v1run001"].started_at).total_seconds() == 3600
+            assert store.latest("v1run003") == (4, {"critic/score/mean": 0.4, "actor/pg_loss": -4.0,
+                                                    "val-core/aime2025/acc/mean@32": 0.2})  # fmt: skip
+            assert store.last_steps(runs) == dict.fromkeys(runs, 4)
+            assert sorted(store.eval_values("v1run001", 4, "aime24", "dapo", ["mean@k", "pass@k"])) == [
+                ("mean@k", 4, 0.25), ("pass@k", 1, 0.25), ("pass@k", 4, 0.75)]
+            assert store.stored_samples("v1run001", 4, "aime24", "dapo", 4)[1][1] == ("1", True)
+        finally:
+            store.close()
+    after = table_rows(db)
+    assert {n: rows for n, rows in after.items() if n in before} == before  # every row, as it was
+
+
+def test_a_new_version_upgrades_an_older_database_in_place_once(tmp_path, monkeypatch):
+    from rpg_cli.store import migrations
+
+    db = v1_database(tmp_path / "results.db")
+    calls = []
+
+    def add_n(conn):  # what a version 2 looks like: a few lines
+        calls.append(1)
+        conn.exec_driver_sql("ALTER TABLE evals ADD COLUMN n INTEGER")
+        conn.exec_driver_sql("UPDATE evals SET n = k")
+
+    monkeypatch.setitem(migrations.MIGRATIONS, 2, add_n)
+    monkeypatch.setattr(migrations, "LATEST", 2)
+    for _ in range(2):
+        open_store(f"sqlite:///{db}", create=False).close()
+    assert calls == [1]  # upgraded on the first open only
+    with sqlite3.connect(db) as con:
+        assert con.execute("SELECT version FROM schema_version").fetchall() == [(2,)]
+        assert sorted(con.execute("SELECT k, n FROM evals").fetchall()) == [(1, 1), (4, 4), (4, 4)]
+        assert con.execute("SELECT COUNT(*) FROM metrics").fetchone()[0] == 30
+    fresh = tmp_path / "fresh.db"
+    open_store(f"sqlite:///{fresh}").close()  # a new database starts at the latest version, no migration
+    assert calls == [1] and table_rows(fresh)["schema_version"] == [(2,)]
+
+
+def test_a_database_newer_than_this_rpg_is_refused(tmp_path):
+    db = tmp_path / "results.db"
+    open_store(f"sqlite:///{db}").close()
+    with sqlite3.connect(db) as con:
+        con.execute("UPDATE schema_version SET version = 99")
+    with pytest.raises(StoreError, match="schema version 99, newer than this rpg knows"):
+        open_store(f"sqlite:///{db}", create=False)

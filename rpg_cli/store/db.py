@@ -3,150 +3,44 @@
 One SQLAlchemy database (SQLite at `runs/results.db` by default, any SQLAlchemy URL via `--db`).
 SQLite runs in WAL mode with a busy timeout, and every write transaction starts with
 `BEGIN IMMEDIATE`, so several processes (sweep watchers, evaluators, `rpg runs`) can share one file
-without losing rows or failing on lock upgrades.
-
-SQLAlchemy costs ~0.3 s to import, and `rpg sweep --dry-run` must answer in well under that: so this
-module imports it lazily (the schema is built on first use) and `run_states` reads SQLite with the
-standard library only.
+without losing rows or failing on lock upgrades. Opening migrates an older database (migrations.py).
 """
 
 from __future__ import annotations
 
-import functools
 import json
-from collections import defaultdict
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, NamedTuple
+from typing import Any, Protocol
 
-if TYPE_CHECKING:
-    import sqlalchemy as sa
+import sqlalchemy as sa
 
-    from rpg_cli.plan import RunPlan
+from rpg_cli import rundir
+from rpg_cli.states import STATUSES, TERMINAL
+from rpg_cli.store import migrations
+from rpg_cli.store.ingest import ingest_rows, parse_metric_lines
+from rpg_cli.store.queries import Queries
+from rpg_cli.store.schema import schema
+from rpg_cli.store.url import DEFAULT_DB_URL, SQLITE_BUSY_TIMEOUT_S, StoreError, normalize_url, sqlite_path
 
-DEFAULT_DB_URL = "sqlite:///runs/results.db"
-STATUSES = ("pending", "submitted", "running", "succeeded", "failed", "stopped")
-TERMINAL = frozenset({"succeeded", "failed", "stopped"})
-SQLITE_BUSY_TIMEOUT_S = 60.0
 ERROR_TAIL_CHARS = 2000
-
-
-class StoreError(RuntimeError):
-    """A store problem the user can fix (missing database, unsupported URL); one-line message."""
-
-
-def normalize_url(db: str) -> str:
-    """Accept a SQLAlchemy URL, or a bare file path meaning a SQLite database there."""
-    return db if "://" in db else f"sqlite:///{db}"
-
-
-def sqlite_path(db_url: str) -> str | None:
-    """The file of a SQLite URL ('' for an in-memory one); None when the URL is not SQLite."""
-    scheme, sep, rest = normalize_url(db_url).partition("://")
-    if not sep or scheme.split("+")[0] != "sqlite":
-        return None
-    path = rest[1:] if rest.startswith("/") else rest  # sqlite:///rel -> 'rel', sqlite:////abs -> '/abs'
-    path = path.split("?", 1)[0]
-    return "" if path in ("", ":memory:") else path
 
 
 def _now() -> datetime:
     return datetime.now(timezone.utc).replace(tzinfo=None)  # naive UTC: identical on every dialect
 
 
-# ---------------------------------------------------------------------------------------- schema
+class PlannedRun(Protocol):
+    """What the store records of a run plan (orchestration.plan.PlannedRun is one)."""
 
-
-class Schema(NamedTuple):
-    metadata: sa.MetaData
-    sweeps: sa.Table
-    runs: sa.Table
-    metrics: sa.Table
-    metric_files: sa.Table
-    evals: sa.Table
-    samples: sa.Table
-
-
-@functools.cache
-def schema() -> Schema:
-    """The tables (built on first use so that importing this module does not import SQLAlchemy)."""
-    import sqlalchemy as sa
-
-    md = sa.MetaData()
-    run_fk = functools.partial(sa.ForeignKey, "runs.id", ondelete="CASCADE")
-    sweeps = sa.Table(
-        "sweeps",
-        md,
-        sa.Column("name", sa.String(200), primary_key=True),
-        sa.Column("created_at", sa.DateTime, nullable=False),
-    )
-    statuses = ", ".join(f"'{s}'" for s in STATUSES)
-    runs = sa.Table(
-        "runs",
-        md,
-        sa.Column("id", sa.String(64), primary_key=True),
-        sa.Column("sweep", sa.String(200), sa.ForeignKey("sweeps.name"), nullable=False, index=True),
-        sa.Column("name", sa.String(300), nullable=False),
-        sa.Column("spec", sa.JSON, nullable=False),
-        sa.Column("backend", sa.String(16), nullable=False),
-        sa.Column("run_dir", sa.String(1000), nullable=False),
-        sa.Column("status", sa.String(16), nullable=False),
-        sa.Column("submission_id", sa.String(100)),
-        sa.Column("attempts", sa.Integer, nullable=False, default=0),
-        sa.Column("created_at", sa.DateTime, nullable=False),  # all timestamps: naive UTC
-        sa.Column("started_at", sa.DateTime),
-        sa.Column("finished_at", sa.DateTime),
-        sa.Column("error", sa.Text),  # the last ERROR_TAIL_CHARS of the failure message / log
-        sa.CheckConstraint(f"status IN ({statuses})", name="runs_status"),
-    )
-    # Primary key (run, key, step): unique on the three, and ordered so that "latest value of key k
-    # for run r" is one index seek. WITHOUT ROWID on SQLite: the key is the row, no second b-tree.
-    metrics = sa.Table(
-        "metrics",
-        md,
-        sa.Column("run_id", sa.String(64), run_fk(), primary_key=True),
-        sa.Column("key", sa.String(200), primary_key=True),
-        sa.Column("step", sa.Integer, primary_key=True),
-        sa.Column("value", sa.Float),  # NULL stands for NaN (SQLite cannot store NaN)
-        sqlite_with_rowid=False,
-    )
-    # How far each run's metrics.jsonl has been ingested, so re-ingesting reads only new bytes.
-    metric_files = sa.Table(
-        "metric_files",
-        md,
-        sa.Column("run_id", sa.String(64), run_fk(), primary_key=True),
-        sa.Column("path", sa.String(1000), nullable=False),
-        sa.Column("offset", sa.BigInteger, nullable=False),
-        sa.Column("last_step", sa.Integer),
-    )
-    evals = sa.Table(
-        "evals",
-        md,
-        sa.Column("run_id", sa.String(64), run_fk(), primary_key=True),
-        sa.Column("step", sa.Integer, primary_key=True),
-        sa.Column("benchmark", sa.String(100), primary_key=True),
-        sa.Column("metric", sa.String(16), primary_key=True),  # mean@k | pass@k | maj@k
-        sa.Column("k", sa.Integer, primary_key=True),
-        sa.Column("scorer", sa.String(100), primary_key=True),
-        sa.Column("value", sa.Float),
-        sa.Column("scorer_version", sa.String(100)),
-    )
-    samples = sa.Table(
-        "samples",
-        md,
-        sa.Column("run_id", sa.String(64), run_fk(), primary_key=True),
-        sa.Column("step", sa.Integer, primary_key=True),
-        sa.Column("benchmark", sa.String(100), primary_key=True),
-        sa.Column("problem", sa.Integer, primary_key=True),  # the problem's index in its benchmark
-        sa.Column("sample_index", sa.Integer, primary_key=True),
-        sa.Column("scorer", sa.String(100), primary_key=True),
-        sa.Column("extracted", sa.Text),  # the extracted answer, NULL when none was found
-        sa.Column("correct", sa.Boolean, nullable=False),
-        sa.Column("response_length", sa.Integer),
-    )
-    return Schema(md, sweeps, runs, metrics, metric_files, evals, samples)
+    id: str
+    name: str
+    sweep: str
+    backend: str
+    spec: dict[str, Any]
+    run_dir: Path
 
 
 @dataclass(frozen=True)
@@ -167,62 +61,13 @@ class RunRecord:
 
     @property
     def metrics_path(self) -> Path:
-        return self.run_dir / "metrics.jsonl"
-
-
-# ------------------------------------------------------------------------------ metrics.jsonl parsing
-
-
-def _parse_record(line: bytes) -> tuple[int, dict[str, Any]] | None:
-    """One verl file-logger line `{"step": N, "data": {...}}`; None when it is not one."""
-    try:
-        obj = json.loads(line)
-    except ValueError:
-        return None
-    if not isinstance(obj, dict):
-        return None
-    step, data = obj.get("step"), obj.get("data")
-    if not isinstance(step, int) or isinstance(step, bool) or not isinstance(data, dict):
-        return None
-    return step, data
-
-
-def parse_metric_lines(chunk: bytes) -> tuple[list[tuple[int, dict[str, Any]]], int]:
-    """Parse the records in `chunk`; return them and how many bytes were consumed.
-
-    A last line without its newline is consumed only if it is a complete record: a writer caught
-    mid-line leaves invalid JSON there, which is left for the next ingestion. Complete lines that are
-    not records (blank, garbage) are consumed and skipped.
-    """
-    lines = chunk.split(b"\n")
-    tail = lines.pop()
-    records, consumed = [], 0
-    for line in lines:
-        consumed += len(line) + 1
-        if line.strip() and (rec := _parse_record(line)) is not None:
-            records.append(rec)
-    if tail.strip() and (rec := _parse_record(tail)) is not None:
-        records.append(rec)
-        consumed += len(tail)
-    return records, consumed
-
-
-def _metric_rows(run_id: str, records: list[tuple[int, dict[str, Any]]]) -> list[tuple[str, str, int, float | None]]:
-    """(run_id, key, step, value) rows of the numeric values (strings, lists, dicts, None are skipped),
-    grouped by key, so that they reach the (run, key, step) b-tree nearly in order: appends instead of
-    scattered page writes. Within a key the file's order is kept, so a step logged twice keeps its last value."""
-    by_key: dict[str, list[tuple[str, str, int, float | None]]] = defaultdict(list)
-    for step, data in records:
-        for key, value in data.items():
-            if isinstance(value, (int, float)):
-                by_key[key].append((run_id, key, step, None if value != value else float(value)))  # NaN -> NULL
-    return [row for key in sorted(by_key) for row in by_key[key]]
+        return rundir.metrics_path(self.run_dir)
 
 
 # ------------------------------------------------------------------------------------------- store
 
 
-class Store:
+class Store(Queries):
     """A handle on the results database. Methods open short transactions; safe across processes."""
 
     def __init__(self, engine: sa.Engine):
@@ -237,13 +82,11 @@ class Store:
 
     # -- runs ---------------------------------------------------------------------------------
 
-    def record_plan(self, plan: RunPlan, sweep: str | None = None) -> None:
+    def record_plan(self, plan: PlannedRun, sweep: str | None = None) -> None:
         self.record_plans([plan], sweep)
 
-    def record_plans(self, plans: Iterable[RunPlan], sweep: str | None = None) -> None:
+    def record_plans(self, plans: Iterable[PlannedRun], sweep: str | None = None) -> None:
         """Insert runs that are new (status pending); refresh name/spec/dir of known ones, keep their state."""
-        import sqlalchemy as sa
-
         t = self.t
         with self._writer.begin() as conn:
             for plan in plans:
@@ -275,8 +118,6 @@ class Store:
         name: str | None = None,
     ) -> list[RunRecord]:
         """Runs matching every filter given, ordered by sweep, then creation."""
-        import sqlalchemy as sa
-
         c = self.t.runs.c
         query = sa.select(self.t.runs).order_by(c.sweep, c.created_at, c.name)
         if sweep is not None:
@@ -291,8 +132,6 @@ class Store:
             return [_run_record(row) for row in conn.execute(query).mappings()]
 
     def sweeps(self) -> list[str]:
-        import sqlalchemy as sa
-
         with self.engine.connect() as conn:
             return list(conn.execute(sa.select(self.t.sweeps.c.name).order_by(self.t.sweeps.c.created_at)).scalars())
 
@@ -318,8 +157,6 @@ class Store:
         Stamps started_at (once; `started_at` if given, else `at`) on running or a terminal state,
         and finished_at on a terminal state.
         """
-        import sqlalchemy as sa
-
         if status not in STATUSES:
             raise ValueError(f"unknown run status {status!r}; expected one of {', '.join(STATUSES)}")
         c = self.t.runs.c
@@ -343,8 +180,6 @@ class Store:
         Ray never reuses a submission id, so attempt 1 is submitted as the run id and attempt n as
         `<run id>-<n>`. The run's metrics are cleared: the new attempt's metrics.jsonl is read afresh.
         """
-        import sqlalchemy as sa
-
         t = self.t
         with self._writer.begin() as conn:
             attempts = conn.execute(sa.select(t.runs.c.attempts).where(t.runs.c.id == run_id)).scalar_one_or_none()
@@ -373,13 +208,13 @@ class Store:
     def ingest_metrics(self, run_id: str, path: str | Path) -> int:
         """Add the new lines of a run's metrics.jsonl; returns the number of metric values read.
 
+        One pass: the metrics go to `metrics`, and the validation accuracy among them (verl's names,
+        see ingest.py) to `evals` under the scorer "verl-val", in the same transaction.
         Incremental: only bytes past the remembered offset are read. Idempotent: re-ingesting adds
-        nothing, and rows are upserted on (run, key, step), so two processes ingesting the same file
-        at once agree, and a step logged twice (a resumed trainer) keeps its last value. A file that
+        nothing, and rows are upserted on their keys, so two processes ingesting the same file at
+        once agree, and a step logged twice (a resumed trainer) keeps its last value. A file that
         shrank was rewritten: the run's metrics are read again from its start.
         """
-        import sqlalchemy as sa
-
         path = Path(path).resolve()
         mf = self.t.metric_files
         with self.engine.connect() as conn:
@@ -398,7 +233,7 @@ class Store:
             records, consumed = parse_metric_lines(f.read(size - start))
         if consumed == 0:
             return 0
-        rows = _metric_rows(run_id, records)
+        rows, val_rows = ingest_rows(run_id, records)
         last_step = max((step for step, _ in records), default=None)
         seen = (state.path, state.offset) if state is not None else None
         with self._writer.begin() as conn:
@@ -409,8 +244,12 @@ class Store:
                 conn.execute(self.t.metrics.delete().where(self.t.metrics.c.run_id == run_id))
             if rows:
                 self._bulk_upsert(conn, self.t.metrics, rows)
+            if val_rows:
+                self._bulk_upsert(conn, self.t.evals, val_rows)
             if now is None:
-                conn.execute(mf.insert().values(run_id=run_id, path=str(path), offset=start + consumed, last_step=last_step))
+                conn.execute(
+                    mf.insert().values(run_id=run_id, path=str(path), offset=start + consumed, last_step=last_step)
+                )
             else:  # unless starting over, never move backwards: another process may have gone further
                 offset = start + consumed if reset else max(now.offset, start + consumed)
                 steps = [s for s in (None if reset else now.last_step, last_step) if s is not None]
@@ -423,8 +262,6 @@ class Store:
 
     def latest(self, run_id: str) -> tuple[int | None, dict[str, float | None]]:
         """The run's last logged step and every value logged at it; (None, {}) before any metric."""
-        import sqlalchemy as sa
-
         m = self.t.metrics.c
         with self.engine.connect() as conn:
             step = conn.execute(sa.select(sa.func.max(m.step)).where(m.run_id == run_id)).scalar()
@@ -437,8 +274,6 @@ class Store:
         self, run_ids: Iterable[str], keys: Iterable[str]
     ) -> dict[str, dict[str, tuple[int, float | None]]]:
         """For each run, each key's last logged (step, value); keys never logged are absent."""
-        import sqlalchemy as sa
-
         run_ids, keys = list(run_ids), list(keys)
         if not run_ids or not keys:
             return {}
@@ -460,8 +295,6 @@ class Store:
 
     def last_steps(self, run_ids: Iterable[str]) -> dict[str, int]:
         """The last step ingested for each run (from the ingestion bookkeeping: no metrics scan)."""
-        import sqlalchemy as sa
-
         mf = self.t.metric_files.c
         with self.engine.connect() as conn:
             rows = conn.execute(sa.select(mf.run_id, mf.last_step).where(mf.run_id.in_(list(run_ids))))
@@ -513,7 +346,9 @@ class Store:
             from sqlalchemy.dialects.mysql import insert
 
             stmt = insert(table)
-            return stmt.on_duplicate_key_update({c.name: stmt.inserted[c.name] for c in table.columns if c.name not in keys})
+            return stmt.on_duplicate_key_update(
+                {c.name: stmt.inserted[c.name] for c in table.columns if c.name not in keys}
+            )
         raise StoreError(f"rpg's store supports SQLite, PostgreSQL and MySQL URLs, not {name!r}; change --db")
 
 
@@ -529,12 +364,11 @@ def _run_record(row: Mapping[str, Any]) -> RunRecord:
 
 
 def open_store(db_url: str = DEFAULT_DB_URL, create: bool = True) -> Store:
-    """Open (and with `create`, create: parent directory, file, tables) the database at `db_url`.
+    """Open (and with `create`, create: parent directory, file, tables) the database at `db_url`,
+    upgrading an older schema in place (migrations.py).
 
     With create=False a missing SQLite file raises StoreError instead of appearing.
     """
-    import sqlalchemy as sa
-
     url = normalize_url(db_url)
     path = sqlite_path(url)
     if path is not None and path:
@@ -548,9 +382,11 @@ def open_store(db_url: str = DEFAULT_DB_URL, create: bool = True) -> Store:
     if path is not None:
         _configure_sqlite(engine)
     store = Store(engine)
-    if create:
-        with store._writer.begin() as conn:  # inside one IMMEDIATE transaction: concurrent creators serialize
-            store.t.metadata.create_all(conn)
+    with engine.connect() as conn:  # reading the version takes no write lock: `rpg runs` never waits here
+        version = migrations.current_version(conn, store.t)
+    if version != migrations.LATEST and (version or create):
+        with store._writer.begin() as conn:  # one IMMEDIATE transaction: concurrent openers serialize
+            migrations.migrate(conn, store.t)
     return store
 
 
@@ -569,45 +405,3 @@ def _configure_sqlite(engine: sa.Engine) -> None:
     @event.listens_for(engine, "begin")
     def _on_begin(conn: Any) -> None:
         conn.exec_driver_sql("BEGIN IMMEDIATE" if conn.get_execution_options().get("rpg_write") else "BEGIN")
-
-
-def run_states(db_url: str, ids: Iterable[str]) -> dict[str, str]:
-    """{run id: status} for the ids the store knows; {} when there is no database yet.
-
-    Read-only and light (the dry-run path): SQLite is read with the standard library in read-only
-    mode, so nothing is created; other URLs go through SQLAlchemy.
-    """
-    ids = list(ids)
-    path = sqlite_path(db_url)
-    if path is None:
-        import sqlalchemy as sa
-
-        engine = sa.create_engine(normalize_url(db_url))
-        try:
-            if not ids or not sa.inspect(engine).has_table("runs"):
-                return {}
-            return {r.id: r.status for r in Store(engine).runs(ids=ids)}
-        finally:
-            engine.dispose()
-    if not path or not Path(path).is_file() or not ids:
-        return {}
-    import sqlite3
-
-    # With no -wal file no writer is live and the main file is the whole database: read it as
-    # immutable, which creates no -wal/-shm files (plain read-only WAL access would create them).
-    # With a live writer those files exist already and a read-only connection shares them.
-    flags = "mode=ro" + ("" if Path(f"{path}-wal").exists() else "&immutable=1")
-    con = sqlite3.connect(f"{Path(path).resolve().as_uri()}?{flags}", uri=True, timeout=SQLITE_BUSY_TIMEOUT_S)
-    try:
-        states: dict[str, str] = {}
-        for i in range(0, len(ids), 500):
-            chunk = ids[i : i + 500]
-            marks = ",".join("?" * len(chunk))
-            states.update(con.execute(f"SELECT id, status FROM runs WHERE id IN ({marks})", chunk).fetchall())
-        return states
-    except sqlite3.OperationalError as exc:
-        if "no such table" in str(exc):
-            return {}
-        raise
-    finally:
-        con.close()

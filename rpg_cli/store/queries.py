@@ -1,0 +1,199 @@
+"""The read-only queries behind the report and `rpg eval`: mixed into `Store`, so every query of the
+project lives in this package. Callers decide what to ask (which scorer, which k); these only ask."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from typing import TYPE_CHECKING, Any
+
+import sqlalchemy as sa
+
+if TYPE_CHECKING:
+    from rpg_cli.store.schema import Schema
+
+# (run_id, group, last step, values counted, value at the last step, best value, first step, value there)
+LastAndBest = tuple[str, str, int, int, "float | None", "float | None", int, "float | None"]
+
+# Distinct keys under a prefix by a "skip scan": per run, hop from one key to the next greater one
+# through the (run_id, key, step) primary key, so the cost is one index seek per distinct key, not a
+# scan of every logged step (a plain DISTINCT reads all 400 steps x all val keys of every run).
+_KEYS_SQL = """
+WITH RECURSIVE found(run_id, key) AS (
+    SELECT r.id, (SELECT MIN(m.key) FROM metrics m WHERE m.run_id = r.id AND m.key >= :lo AND m.key < :hi)
+    FROM runs r WHERE r.id IN :ids
+    UNION ALL
+    SELECT f.run_id, (SELECT MIN(m.key) FROM metrics m WHERE m.run_id = f.run_id AND m.key > f.key AND m.key < :hi)
+    FROM found f WHERE f.key IS NOT NULL
+)
+SELECT DISTINCT key FROM found WHERE key IS NOT NULL
+"""
+
+
+class Queries:
+    engine: sa.Engine
+    t: Schema
+
+    # -- scores (the report) ------------------------------------------------------------------------
+
+    def eval_combos(self, run_ids: Sequence[str]) -> set[tuple[str, int, str]]:
+        """(metric, k, scorer) of every `evals` row of these runs."""
+        e = self.t.evals.c
+        query = sa.select(e.metric, e.k, e.scorer).where(e.run_id.in_(list(run_ids))).distinct()
+        with self.engine.connect() as conn:
+            return {(metric, k, scorer) for metric, k, scorer in conn.execute(query)}
+
+    def eval_row_counts(
+        self, run_ids: Sequence[str], k: int, scorers: Sequence[str], metrics: Sequence[str]
+    ) -> dict[str, int]:
+        """Rows per scorer among `evals` of these runs with this k and one of these metric names."""
+        e = self.t.evals.c
+        query = (
+            sa.select(e.scorer, sa.func.count())
+            .where(e.run_id.in_(list(run_ids)), e.k == k, e.scorer.in_(list(scorers)), e.metric.in_(list(metrics)))
+            .group_by(e.scorer)
+        )
+        with self.engine.connect() as conn:
+            return dict(conn.execute(query).all())
+
+    def metric_keys(self, run_ids: Sequence[str], prefix: str) -> list[str]:
+        """Every metrics key starting with `prefix` that any of the runs logged, sorted."""
+        if not run_ids:
+            return []
+        hi = prefix[:-1] + chr(ord(prefix[-1]) + 1)  # the first string after every one with the prefix
+        query = sa.text(_KEYS_SQL).bindparams(sa.bindparam("ids", expanding=True))
+        with self.engine.connect() as conn:
+            return sorted(conn.execute(query, {"ids": list(run_ids), "lo": prefix, "hi": hi}).scalars())
+
+    def last_and_best_evals(
+        self, run_ids: Sequence[str], metrics: Sequence[str], k: int, scorer: str
+    ) -> list[LastAndBest]:
+        """Per (run, benchmark): Last/Best/first of the `evals` rows with one of these metric names."""
+        e = self.t.evals.c
+        filters = [
+            e.run_id.in_(list(run_ids)),
+            e.metric.in_(list(metrics)),
+            e.k == k,
+            e.scorer == scorer,
+            e.value.is_not(None),
+        ]
+        return self._last_and_best(self.t.evals, e.benchmark, filters)
+
+    def last_and_best_metrics(self, run_ids: Sequence[str], keys: Sequence[str]) -> list[LastAndBest]:
+        """Per (run, key): Last/Best/first of these training metrics (NaN left out)."""
+        m = self.t.metrics.c
+        return self._last_and_best(
+            self.t.metrics, m.key, [m.run_id.in_(list(run_ids)), m.key.in_(list(keys)), m.value.is_not(None)]
+        )
+
+    def _last_and_best(self, table: sa.Table, group_col: Any, filters: list[Any]) -> list[LastAndBest]:
+        """Aggregated in the database: min/max(step) and max(value) per (run, group), then the values at
+        those steps."""
+        c = table.c
+        agg = (
+            sa.select(
+                c.run_id.label("run_id"),
+                group_col.label("grp"),
+                sa.func.max(c.step).label("last_step"),
+                sa.func.count(c.value).label("n"),
+                sa.func.max(c.value).label("best"),
+                sa.func.min(c.step).label("first_step"),
+            )
+            .where(*filters)
+            .group_by(c.run_id, group_col)
+            .subquery()
+        )
+        first = table.alias("first")
+        f = first.c
+        adapter = sa.sql.util.ClauseAdapter(first)  # the filters, restated against the alias
+        query = (
+            sa.select(agg.c.run_id, agg.c.grp, agg.c.last_step, agg.c.n, c.value, agg.c.best, agg.c.first_step, f.value)
+            .select_from(agg)
+            .join(table, sa.and_(c.run_id == agg.c.run_id, group_col == agg.c.grp, c.step == agg.c.last_step, *filters))
+            .join(
+                first,
+                sa.and_(
+                    f.run_id == agg.c.run_id,
+                    getattr(f, group_col.key) == agg.c.grp,
+                    f.step == agg.c.first_step,
+                    *(adapter.traverse(x) for x in filters),
+                ),
+            )
+        )
+        with self.engine.connect() as conn:
+            return [tuple(r) for r in conn.execute(query)]
+
+    # -- training curves (the plots) ----------------------------------------------------------------
+
+    def logged_keys(self, run_ids: Sequence[str], keys: Iterable[str]) -> set[str]:
+        """Which of `keys` any of the runs logged."""
+        m = self.t.metrics.c
+        query = sa.select(m.key).where(m.run_id.in_(list(run_ids)), m.key.in_(sorted(keys))).distinct()
+        with self.engine.connect() as conn:
+            return set(conn.execute(query).scalars())
+
+    def series(
+        self, run_ids: Sequence[str], keys: Sequence[str]
+    ) -> dict[tuple[str, str], tuple[list[int], list[float]]]:
+        """{(run id, key): (steps, values)} in step order; NaN (NULL) values are left out."""
+        m = self.t.metrics.c
+        query = (
+            sa.select(m.run_id, m.key, m.step, m.value)
+            .where(m.run_id.in_(list(run_ids)), m.key.in_(list(keys)), m.value.is_not(None))
+            .order_by(m.run_id, m.key, m.step)
+        )
+        out: dict[tuple[str, str], tuple[list[int], list[float]]] = {}
+        with self.engine.connect() as conn:
+            for run_id, key, step, value in conn.execute(query):
+                steps, values = out.setdefault((run_id, key), ([], []))
+                steps.append(step)
+                values.append(value)
+        return out
+
+    # -- samples and scores of one evaluation (`rpg eval`) -----------------------------------------
+
+    def stored_samples(
+        self, run_id: str, step: int, benchmark: str, scorer: str, k: int
+    ) -> dict[int, list[tuple[str | None, bool]]]:
+        """Problems with all of samples 0..k-1 stored: problem -> [(extracted answer, correct)] in sample order."""
+        s = self.t.samples.c
+        query = (
+            sa.select(s.problem, s.sample_index, s.extracted, s.correct)
+            .where(s.run_id == run_id, s.step == step, s.benchmark == benchmark, s.scorer == scorer, s.sample_index < k)
+            .order_by(s.problem, s.sample_index)
+        )
+        by_problem: dict[int, list[tuple[str | None, bool]]] = {}
+        with self.engine.connect() as conn:
+            for problem, _, extracted, correct in conn.execute(query):
+                by_problem.setdefault(problem, []).append((extracted, bool(correct)))
+        return {p: samples for p, samples in by_problem.items() if len(samples) == k}
+
+    def eval_values(
+        self, run_id: str, step: int, benchmark: str, scorer: str, metrics: Sequence[str]
+    ) -> list[tuple[str, int, float | None]]:
+        """(metric, k, value) of one evaluated checkpoint and benchmark."""
+        e = self.t.evals.c
+        query = sa.select(e.metric, e.k, e.value).where(
+            e.run_id == run_id,
+            e.step == step,
+            e.benchmark == benchmark,
+            e.scorer == scorer,
+            e.metric.in_(list(metrics)),
+        )
+        with self.engine.connect() as conn:
+            return [tuple(r) for r in conn.execute(query)]
+
+    def count_samples(
+        self, run_id: str, steps: Sequence[int], benchmark: str, scorer: str, k: int, problems: int
+    ) -> int:
+        """Samples stored for these checkpoints of a run: indices below k of problems below `problems`."""
+        s = self.t.samples.c
+        query = sa.select(sa.func.count()).where(
+            s.run_id == run_id,
+            s.step.in_(list(steps)),
+            s.benchmark == benchmark,
+            s.scorer == scorer,
+            s.sample_index < k,
+            s.problem < problems,
+        )
+        with self.engine.connect() as conn:
+            return conn.execute(query).scalar_one()

@@ -1,0 +1,109 @@
+"""The tables of the results store, at the latest schema version (migrations.py upgrades older files).
+
+sweeps        name, created_at
+runs          id, sweep, name, spec (JSON), backend, run_dir, status, submission_id, attempts,
+              created/started/finished_at (naive UTC), error (its tail)
+metrics       (run, key, step) -> value: the training metrics of metrics.jsonl
+metric_files  how far each run's metrics.jsonl has been ingested
+evals         (run, step, benchmark, metric, k, scorer) -> value, scorer_version
+samples       (run, step, benchmark, problem, sample_index, scorer) -> extracted, correct, length
+schema_version  one row: the version of this layout (see migrations.py)
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import NamedTuple
+
+import sqlalchemy as sa
+
+from rpg_cli.states import STATUSES
+
+
+class Schema(NamedTuple):
+    metadata: sa.MetaData
+    sweeps: sa.Table
+    runs: sa.Table
+    metrics: sa.Table
+    metric_files: sa.Table
+    evals: sa.Table
+    samples: sa.Table
+    schema_version: sa.Table
+
+
+@functools.cache
+def schema() -> Schema:
+    md = sa.MetaData()
+    run_fk = functools.partial(sa.ForeignKey, "runs.id", ondelete="CASCADE")
+    sweeps = sa.Table(
+        "sweeps",
+        md,
+        sa.Column("name", sa.String(200), primary_key=True),
+        sa.Column("created_at", sa.DateTime, nullable=False),
+    )
+    statuses = ", ".join(f"'{s}'" for s in STATUSES)
+    runs = sa.Table(
+        "runs",
+        md,
+        sa.Column("id", sa.String(64), primary_key=True),
+        sa.Column("sweep", sa.String(200), sa.ForeignKey("sweeps.name"), nullable=False, index=True),
+        sa.Column("name", sa.String(300), nullable=False),
+        sa.Column("spec", sa.JSON, nullable=False),
+        sa.Column("backend", sa.String(16), nullable=False),
+        sa.Column("run_dir", sa.String(1000), nullable=False),
+        sa.Column("status", sa.String(16), nullable=False),
+        sa.Column("submission_id", sa.String(100)),
+        sa.Column("attempts", sa.Integer, nullable=False, default=0),
+        sa.Column("created_at", sa.DateTime, nullable=False),  # all timestamps: naive UTC
+        sa.Column("started_at", sa.DateTime),
+        sa.Column("finished_at", sa.DateTime),
+        sa.Column("error", sa.Text),  # the last ERROR_TAIL_CHARS of the failure message / log
+        sa.CheckConstraint(f"status IN ({statuses})", name="runs_status"),
+    )
+    # Primary key (run, key, step): unique on the three, and ordered so that "latest value of key k
+    # for run r" is one index seek. WITHOUT ROWID on SQLite: the key is the row, no second b-tree.
+    metrics = sa.Table(
+        "metrics",
+        md,
+        sa.Column("run_id", sa.String(64), run_fk(), primary_key=True),
+        sa.Column("key", sa.String(200), primary_key=True),
+        sa.Column("step", sa.Integer, primary_key=True),
+        sa.Column("value", sa.Float),  # NULL stands for NaN (SQLite cannot store NaN)
+        sqlite_with_rowid=False,
+    )
+    # How far each run's metrics.jsonl has been ingested, so re-ingesting reads only new bytes.
+    metric_files = sa.Table(
+        "metric_files",
+        md,
+        sa.Column("run_id", sa.String(64), run_fk(), primary_key=True),
+        sa.Column("path", sa.String(1000), nullable=False),
+        sa.Column("offset", sa.BigInteger, nullable=False),
+        sa.Column("last_step", sa.Integer),
+    )
+    evals = sa.Table(
+        "evals",
+        md,
+        sa.Column("run_id", sa.String(64), run_fk(), primary_key=True),
+        sa.Column("step", sa.Integer, primary_key=True),
+        sa.Column("benchmark", sa.String(100), primary_key=True),
+        sa.Column("metric", sa.String(16), primary_key=True),  # mean@k | pass@k | maj@k
+        sa.Column("k", sa.Integer, primary_key=True),
+        sa.Column("scorer", sa.String(100), primary_key=True),
+        sa.Column("value", sa.Float),
+        sa.Column("scorer_version", sa.String(100)),
+    )
+    samples = sa.Table(
+        "samples",
+        md,
+        sa.Column("run_id", sa.String(64), run_fk(), primary_key=True),
+        sa.Column("step", sa.Integer, primary_key=True),
+        sa.Column("benchmark", sa.String(100), primary_key=True),
+        sa.Column("problem", sa.Integer, primary_key=True),  # the problem's index in its benchmark
+        sa.Column("sample_index", sa.Integer, primary_key=True),
+        sa.Column("scorer", sa.String(100), primary_key=True),
+        sa.Column("extracted", sa.Text),  # the extracted answer, NULL when none was found
+        sa.Column("correct", sa.Boolean, nullable=False),
+        sa.Column("response_length", sa.Integer),
+    )
+    schema_version = sa.Table("schema_version", md, sa.Column("version", sa.Integer, nullable=False))
+    return Schema(md, sweeps, runs, metrics, metric_files, evals, samples, schema_version)

@@ -1,0 +1,26 @@
+"""Where the results database is: the one parser of `--db` values (a SQLAlchemy URL or a bare SQLite
+file path), and how long SQLite waits for a lock. Standard library only."""
+
+from __future__ import annotations
+
+DEFAULT_DB_URL = "sqlite:///runs/results.db"
+SQLITE_BUSY_TIMEOUT_S = 60.0
+
+
+class StoreError(RuntimeError):
+    """A store problem the user can fix (missing database, unsupported URL); one-line message."""
+
+
+def normalize_url(db: str) -> str:
+    """Accept a SQLAlchemy URL, or a bare file path meaning a SQLite database there."""
+    return db if "://" in db else f"sqlite:///{db}"
+
+
+def sqlite_path(db_url: str) -> str | None:
+    """The file of a SQLite URL or bare path ('' for an in-memory database); None when it is not SQLite."""
+    scheme, sep, rest = normalize_url(db_url).partition("://")
+    if not sep or scheme.split("+")[0] != "sqlite":
+        return None
+    path = rest[1:] if rest.startswith("/") else rest  # sqlite:///rel -> 'rel', sqlite:////abs -> '/abs'
+    path = path.split("?", 1)[0]
+    return "" if path in ("", ":memory:") else path
