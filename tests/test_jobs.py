@@ -22,8 +22,9 @@ pytest.importorskip("ray.job_submission", reason="the Ray tests need ray[default
 psutil = pytest.importorskip("psutil")
 
 from rpg_cli.cli import app  # noqa: E402
-from rpg_cli.jobs import ClusterError, _head_dir, _temp_dir, connect, local_head, run_sweep, stop_local_head  # noqa: E402
-from rpg_cli.plan import RunPlan  # noqa: E402
+from rpg_cli.orchestration.head import ClusterError, _head_dir, _temp_dir, connect, local_head, stop_local_head  # noqa: E402
+from rpg_cli.orchestration.plan import RunPlan  # noqa: E402
+from rpg_cli.orchestration.sweep import run_sweep  # noqa: E402
 from rpg_cli.store import open_store, run_states  # noqa: E402
 
 pytestmark = pytest.mark.slow
@@ -58,8 +59,8 @@ DRIVER = textwrap.dedent(
     """
     import json, sys
     from pathlib import Path
-    from rpg_cli.jobs import run_sweep
-    from rpg_cli.plan import RunPlan
+    from rpg_cli.orchestration.plan import RunPlan
+    from rpg_cli.orchestration.sweep import run_sweep
 
     plans_file, sweep, db, runs_dir = sys.argv[1:5]
     plans = [RunPlan(**{**p, "run_dir": Path(p["run_dir"])}) for p in json.loads(Path(plans_file).read_text())]

@@ -8,12 +8,12 @@ import os
 import subprocess
 import sys
 import textwrap
-import types
 from pathlib import Path
 
 import pytest
 
-from rpg_cli.plan import RunPlan, known_states, plan_sweep, run_action, sqlite_file, write_spec
+from rpg_cli.orchestration.plan import RunPlan, known_states, plan_sweep
+from rpg_cli.rundir import write_spec
 from rpg_cli.spec import (
     CONTEXT_LENGTHS,
     ExperimentSpec,
@@ -474,31 +474,36 @@ def test_plan_sweep_entrypoints_resources_and_paths(tmp_path):
 
 def test_write_spec_is_atomic_and_round_trips(tmp_path):
     plan = plan_sweep(load_sweep(EXPERIMENTS / "smoke.yaml"), tmp_path)[0]
-    path = write_spec(plan)
+    path = write_spec(plan.run_dir, plan.spec)
     assert path == plan.run_dir / "spec.json" and json.loads(path.read_text()) == plan.spec
     assert sorted(q.name for q in plan.run_dir.iterdir()) == ["spec.json"]  # no temp file left
     assert ExperimentSpec.model_validate(json.loads(path.read_text())).run_id == plan.id
 
 
 def test_run_action():
+    from rpg_cli.states import run_action
+
     assert [run_action(s) for s in ("new", "pending", "running", "succeeded", "failed", "stopped")] == [
         "submit", "attach", "attach", "done", "skip", "skip"]
     assert run_action("failed", retry_failed=True) == "submit"
 
 
 def test_known_states_reads_the_store_only_when_the_database_exists(tmp_path, monkeypatch):
-    calls = []
-    fake = types.ModuleType("rpg_cli.store")
-    fake.run_states = lambda url, ids: calls.append(url) or {ids[0]: "succeeded"}
-    monkeypatch.setitem(sys.modules, "rpg_cli.store", fake)
-    db = tmp_path / "results.db"
+    from rpg_cli.store import open_store, sqlite_path
+
+    monkeypatch.chdir(tmp_path)
+    plans = [RunPlan(i, f"run-{i}", "s", "local", {}, tmp_path / "runs" / i, []) for i in ("a", "b")]
+    db = Path("sqlite-results.db")  # a bare path, even one that starts like a URL scheme
     url = f"sqlite:///{db}"
-    assert sqlite_file(url) == db and sqlite_file("postgresql://h/db") is None
-    assert known_states(url, ["a", "b"]) == {"a": "new", "b": "new"}
-    assert calls == [] and not db.exists()
-    db.touch()
-    assert known_states(url, ["a", "b"]) == {"a": "succeeded", "b": "new"}
-    assert calls == [url]
+    assert sqlite_path(url) == str(db) == sqlite_path(str(db)) and sqlite_path("postgresql://h/db") is None
+    assert known_states(url, plans) == {"a": "new", "b": "new"}
+    assert not db.exists()  # not created by looking
+    store = open_store(url)
+    store.record_plans(plans[:1])
+    store.set_status("a", "succeeded")
+    store.close()
+    assert known_states(url, plans) == {"a": "succeeded", "b": "new"}
+    assert known_states(str(db), plans) == {"a": "succeeded", "b": "new"}  # a bare path is the same file
 
 
 def test_a_sweep_without_runs_is_an_error():

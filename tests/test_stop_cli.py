@@ -7,7 +7,7 @@ from pathlib import Path
 from typer.testing import CliRunner
 
 from rpg_cli.cli import app
-from rpg_cli.plan import RunPlan
+from rpg_cli.orchestration.plan import RunPlan
 from rpg_cli.store import open_store
 
 

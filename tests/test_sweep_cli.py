@@ -7,7 +7,6 @@ import os
 import shutil
 import subprocess
 import sys
-import types
 from collections import Counter
 from pathlib import Path
 
@@ -107,31 +106,30 @@ def test_missing_spec_and_bad_format_are_usage_errors(tmp_path):
     assert result.exit_code == 2 and "allowed: table, json" in result.output + result.stderr
 
 
-def test_states_come_from_the_store_when_the_database_exists(tmp_path, monkeypatch):
-    from rpg_cli.plan import plan_sweep
+def test_states_come_from_the_store_when_the_database_exists(tmp_path):
+    from rpg_cli.orchestration.plan import plan_sweep
     from rpg_cli.spec import load_sweep
+    from rpg_cli.store import open_store
 
     plans = plan_sweep(load_sweep(EXPERIMENTS / "smoke.yaml"), tmp_path / "runs")
     recorded = {plans[0].id: "succeeded", plans[1].id: "failed", plans[2].id: "running"}
-    seen = {}
-
-    def run_states(db_url: str, ids: list[str]) -> dict[str, str]:
-        seen["url"], seen["ids"] = db_url, ids
-        return {i: s for i, s in recorded.items() if i in ids}
-
-    monkeypatch.setitem(sys.modules, "rpg_cli.store", types.SimpleNamespace(run_states=run_states))
     db = tmp_path / "results.db"
     url = f"sqlite:///{db}"
     args = ["sweep", str(EXPERIMENTS / "smoke.yaml"), "--dry-run", "--db", url, "--runs-dir", str(tmp_path / "runs")]
 
     result = CliRunner().invoke(app, [*args, "--format", "json"])
-    assert {r["state"] for r in json.loads(result.stdout)} == {"new"} and not seen  # no database: not read
+    assert {r["state"] for r in json.loads(result.stdout)} == {"new"} and not db.exists()  # no database: none made
 
-    db.touch()
+    store = open_store(url)
+    store.record_plans([p for p in plans if p.id in recorded])
+    for run_id, state in recorded.items():
+        store.set_status(run_id, state)
+    store.close()
+    before = snapshot(tmp_path)
     result = CliRunner().invoke(app, [*args, "--format", "json"])
     states = {r["id"]: r["state"] for r in json.loads(result.stdout)}
-    assert seen == {"url": url, "ids": [p.id for p in plans]}
     assert states == {p.id: recorded.get(p.id, "new") for p in plans}
+    assert snapshot(tmp_path) == before  # read only
 
     result = CliRunner().invoke(app, args, env={"COLUMNS": "250"})
     assert result.exit_code == 0

@@ -28,7 +28,7 @@ from typer.testing import CliRunner  # noqa: E402
 from rpg_cli.algorithms import LOSS_AGG_MODES, LOSS_NAMES, policy_loss  # noqa: E402
 from rpg_cli.backends.verl import diagnose, launch  # noqa: E402
 from rpg_cli.cli import app  # noqa: E402
-from rpg_cli.plan import plan_sweep  # noqa: E402
+from rpg_cli.orchestration.plan import plan_sweep  # noqa: E402
 from rpg_cli.spec import ExperimentSpec, SpecError, load_sweep  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
@@ -192,7 +192,7 @@ def test_schedule_free_steps_in_train_mode_and_exposes_the_averaged_weights():
 
 
 def test_plugin_registers_every_loss_in_a_fresh_interpreter():
-    diagnose.check_plugin_loads()  # the submit-time check: raises with a one-line reason
+    launch.preflight()  # the submit-time check the orchestrator runs: raises with a one-line reason
 
 
 def test_plugin_check_fails_with_a_readable_reason_when_verl_cannot_load_it(tmp_path):
@@ -200,7 +200,7 @@ def test_plugin_check_fails_with_a_readable_reason_when_verl_cannot_load_it(tmp_
     broken.write_text("#!/bin/sh\necho 'ModuleNotFoundError: No module named verl' >&2\nexit 1\n")
     broken.chmod(0o755)
     with pytest.raises(RuntimeError, match=r"plugin does not load: ModuleNotFoundError: No module named verl"):
-        diagnose.check_plugin_loads(python=str(broken))
+        diagnose.check_plugin_loads(launch.PLUGIN_MODULE, python=str(broken))
 
 
 ENTRY_POINT = 'rpg = "rpg_cli.backends.verl.plugin"'  # pyproject: [project.entry-points."verl.plugins"]
@@ -409,7 +409,7 @@ def test_dry_run_json_shows_the_full_verl_entrypoint_and_reserves_no_gpu(tmp_pat
 
 
 def test_planning_verl_runs_imports_neither_verl_nor_torch():
-    code = ("import sys; from pathlib import Path; from rpg_cli.plan import plan_sweep; from rpg_cli.spec import load_sweep; "
+    code = ("import sys; from pathlib import Path; from rpg_cli.orchestration.plan import plan_sweep; from rpg_cli.spec import load_sweep; "
             f"plans = plan_sweep(load_sweep({str(GRIDS[0])!r}), Path('runs')); "
             "print(len(plans), [m for m in ('verl', 'torch', 'ray', 'transformers') if m in sys.modules])")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd=REPO)

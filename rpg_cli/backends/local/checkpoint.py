@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import shutil
 import uuid
 from pathlib import Path
@@ -20,31 +19,22 @@ from typing import Any
 
 import torch
 
+from rpg_cli import rundir
+
 STATE_FILE = "trainer_state.pt"
-_STEP_DIR = re.compile(r"^step_(\d+)$")
-
-
-def checkpoints_root(run_dir: Path) -> Path:
-    return Path(run_dir) / "checkpoints"
 
 
 def latest_checkpoint(run_dir: Path) -> tuple[int, Path] | None:
     """(step, directory) of the newest complete checkpoint, or None."""
-    root = checkpoints_root(run_dir)
-    found = []
-    if root.is_dir():
-        for entry in root.iterdir():
-            match = _STEP_DIR.match(entry.name)
-            if match and (entry / STATE_FILE).is_file():
-                found.append((int(match.group(1)), entry))
+    found = [(step, entry) for step, entry in rundir.step_dirs(run_dir)
+             if entry == rundir.local_checkpoint(run_dir, step) and (entry / STATE_FILE).is_file()]
     return max(found) if found else None
 
 
 def save_checkpoint(run_dir: Path, step: int, model, tokenizer, state: dict[str, Any]) -> Path:
-    root = checkpoints_root(run_dir)
-    root.mkdir(parents=True, exist_ok=True)
-    final = root / f"step_{step}"
-    staging = root / f".step_{step}.{uuid.uuid4().hex[:8]}.tmp"
+    final = rundir.local_checkpoint(run_dir, step)
+    final.parent.mkdir(parents=True, exist_ok=True)
+    staging = final.with_name(f".{final.name}.{uuid.uuid4().hex[:8]}.tmp")
     try:
         model.save_pretrained(staging)
         tokenizer.save_pretrained(staging)
@@ -76,9 +66,7 @@ class MetricsLog:
                     continue  # a line cut short by a crash
                 if isinstance(step, int) and step <= keep_through:
                     kept.append(line)
-        tmp = self.path.with_name(f".{self.path.name}.{uuid.uuid4().hex[:8]}.tmp")
-        tmp.write_text("".join(f"{line}\n" for line in kept), encoding="utf-8")
-        os.replace(tmp, self.path)
+        rundir.write_atomic(self.path, "".join(f"{line}\n" for line in kept))
         self.steps = [json.loads(line)["step"] for line in kept]
 
     def write(self, step: int, data: dict[str, float]) -> None:

@@ -10,12 +10,14 @@ from __future__ import annotations
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from rpg_cli import rundir
+
 if TYPE_CHECKING:
     from rpg_cli.spec import ExperimentSpec
 
 
 def entrypoint(spec: ExperimentSpec, run_dir: Path) -> list[str]:
-    return ["python", "-m", "rpg_cli.backends.local", "--spec", str(Path(run_dir) / "spec.json")]
+    return ["python", "-m", "rpg_cli.backends.local", "--spec", str(rundir.spec_path(run_dir))]
 
 
 def resources(spec: ExperimentSpec) -> tuple[float, float]:

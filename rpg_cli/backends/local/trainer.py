@@ -27,6 +27,7 @@ from dataclasses import dataclass
 
 import torch
 
+from rpg_cli import rundir
 from rpg_cli.algorithms import aggregate, policy_loss
 from rpg_cli.algorithms import advantages as adv
 from rpg_cli.backends.local import checkpoint as ckpt
@@ -93,7 +94,7 @@ class Trainer:
                 self.ref_model.load_state_dict(state["ref"])
             self.start_step, self.gen_batches = state["step"] + 1, state["gen_batches"]
             log(f"resuming from {resume[1].name}: continuing at step {self.start_step}")
-        self.metrics = ckpt.MetricsLog(self.run_dir / "metrics.jsonl", keep_through=resume[0] if resume else None)
+        self.metrics = ckpt.MetricsLog(rundir.metrics_path(self.run_dir), keep_through=resume[0] if resume else None)
 
     # ------------------------------------------------------------------ the loop
 

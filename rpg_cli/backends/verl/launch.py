@@ -13,6 +13,8 @@ import re
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from rpg_cli import rundir
+from rpg_cli.backends.verl import diagnose
 from rpg_cli.spec import SpecError
 
 if TYPE_CHECKING:
@@ -49,8 +51,16 @@ def env(spec: ExperimentSpec, run_dir: Path) -> dict[str, str]:
     """runtime_env env vars: the plugin for every verl process, metrics into the run directory."""
     return {
         "VERL_USE_EXTERNAL_MODULES": PLUGIN_MODULE,
-        "VERL_FILE_LOGGER_PATH": str(Path(run_dir).absolute() / "metrics.jsonl"),
+        "VERL_FILE_LOGGER_PATH": str(rundir.metrics_path(Path(run_dir).absolute())),
     }
+
+
+def preflight() -> None:
+    """Before any verl run is submitted: the plugin must load in a fresh interpreter (RuntimeError if not)."""
+    diagnose.check_plugin_loads(PLUGIN_MODULE)
+
+
+failure_reason = diagnose.failure_reason  # one line for a failed job, from the tail of its log
 
 
 def check(spec: ExperimentSpec) -> None:
@@ -184,7 +194,7 @@ def overrides(spec: ExperimentSpec, run_dir: Path) -> list[str]:
         "trainer.test_freq": spec.val.every if spec.data.val_files else -1,
         "trainer.val_before_train": bool(spec.data.val_files),
         "trainer.save_freq": spec.save_every,
-        "trainer.default_local_dir": str(run_dir / "checkpoints"),
+        "trainer.default_local_dir": str(rundir.checkpoints_dir(run_dir)),
         "trainer.resume_mode": "auto",
         "trainer.logger": ["console", "file"],
         "trainer.project_name": "rpg",

@@ -1,0 +1,306 @@
+"""Which Ray cluster rpg talks to: the one at --address (or $RAY_ADDRESS), or a local head of its own.
+
+The local head is started with `ray start` in a process group of its own, bound to 127.0.0.1 and
+protected by a token of its own (runs/ray/auth_token), with its files in runs/ray (or a short
+directory under /tmp when that path is too long for Ray's Unix sockets). It outlives rpg so jobs keep
+running; `stop_local_head` ends it (and only it).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import os
+import secrets
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from rpg_cli.rundir import last_lines, write_atomic
+
+if TYPE_CHECKING:
+    from ray.job_submission import JobSubmissionClient
+
+DEFAULT_RUNS_DIR = Path("runs")
+# Ray binds Unix sockets at <temp dir>/session_<date>_<time>_<usec>_<pid>/sockets/<name>: about 69
+# bytes past the temp dir, within the 107 (Linux) or 103 (macOS) bytes a socket path may have.
+_MAX_TEMP_DIR_LEN = (103 if sys.platform == "darwin" else 107) - 69
+
+
+class ClusterError(RuntimeError):
+    """The Ray cluster cannot be reached or started. The message is one line naming the fix."""
+
+
+# --------------------------------------------------------------------------------------- local head
+
+
+@dataclass(frozen=True)
+class Head:
+    dashboard_url: str  # what the Jobs API talks to
+    gcs_address: str
+    temp_dir: str  # Ray's files (sessions, logs, sockets)
+    pgid: int  # every Ray daemon of this head runs in this process group
+    host: str
+    token_file: str  # the head's own auth token: nobody else on this machine can submit to it
+
+    @property
+    def auth_headers(self) -> dict[str, str]:
+        return {"Authorization": f"Bearer {Path(self.token_file).read_text().strip()}"}
+
+
+def _head_dir(runs_dir: Path) -> Path:
+    return Path(runs_dir).resolve() / "ray"
+
+
+def _temp_dir(head_dir: Path) -> Path:
+    if len(str(head_dir)) <= _MAX_TEMP_DIR_LEN:
+        return head_dir
+    tmp = Path("/tmp") if Path("/tmp").is_dir() else Path(tempfile.gettempdir())
+    return tmp / f"rpg-ray-{hashlib.sha1(str(head_dir).encode()).hexdigest()[:10]}"
+
+
+def _read_head(head_dir: Path) -> Head | None:
+    try:
+        head = Head(**json.loads((head_dir / "head.json").read_text()))
+    except (OSError, ValueError, TypeError):
+        return None
+    return head if head.host == socket.gethostname() else None
+
+
+def _dashboard_alive(head: Head) -> bool:
+    no_proxy = urllib.request.build_opener(urllib.request.ProxyHandler({}))  # loopback: never via $http_proxy
+    try:
+        request = urllib.request.Request(f"{head.dashboard_url}/api/version", headers=head.auth_headers)
+        with no_proxy.open(request, timeout=3) as response:
+            return response.status == 200
+    except OSError:
+        return False
+
+
+@contextlib.contextmanager
+def _locked(path: Path) -> Iterator[None]:
+    """An exclusive lock across processes: two rpg commands must not start two heads."""
+    import fcntl
+
+    with open(path, "a") as f:
+        fcntl.flock(f, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(f, fcntl.LOCK_UN)
+
+
+def local_head(
+    runs_dir: Path = DEFAULT_RUNS_DIR,
+    start: bool = True,
+    num_cpus: int | None = None,
+    num_gpus: int | None = None,
+    timeout_s: float = 180.0,
+) -> Head | None:
+    """The live local head of `runs_dir`, started if needed (and `start`); None if none and not `start`."""
+    head_dir = _head_dir(runs_dir)
+    if not start and not (head_dir / "head.json").exists():
+        return None
+    head_dir.mkdir(parents=True, exist_ok=True)
+    with _locked(head_dir / "head.lock"):
+        head = _read_head(head_dir)
+        if head is not None and _dashboard_alive(head):
+            return head
+        if not start:
+            return None
+        if head is not None:  # ours, but no longer answering: clear what is left of it
+            _kill_head_processes(head)
+        return _start_head(head_dir, num_cpus, num_gpus, timeout_s)
+
+
+def _free_ports(n: int) -> list[int]:
+    sockets = [socket.socket() for _ in range(n)]
+    try:
+        for s in sockets:
+            s.bind(("127.0.0.1", 0))
+        return [s.getsockname()[1] for s in sockets]
+    finally:
+        for s in sockets:
+            s.close()
+
+
+def _start_head(head_dir: Path, num_cpus: int | None, num_gpus: int | None, timeout_s: float) -> Head:
+    gcs, dashboard, client, agent_http, agent_grpc, metrics, runtime_env = _free_ports(7)
+    temp_dir = _temp_dir(head_dir)
+    temp_dir.mkdir(parents=True, exist_ok=True)
+    cmd = [
+        sys.executable,
+        "-m",
+        "ray.scripts.scripts",
+        "start",
+        "--head",
+        "--node-ip-address=127.0.0.1",
+        f"--port={gcs}",
+        "--dashboard-host=127.0.0.1",
+        f"--dashboard-port={dashboard}",
+        "--include-dashboard=true",
+        f"--ray-client-server-port={client}",
+        f"--dashboard-agent-listen-port={agent_http}",
+        f"--dashboard-agent-grpc-port={agent_grpc}",
+        f"--metrics-export-port={metrics}",
+        f"--runtime-env-agent-port={runtime_env}",
+        f"--temp-dir={temp_dir}",
+        "--disable-usage-stats",
+    ]
+    if num_cpus is not None:
+        cmd.append(f"--num-cpus={num_cpus}")
+    if num_gpus is not None:
+        cmd.append(f"--num-gpus={num_gpus}")
+    token_file = head_dir / "auth_token"
+    if not token_file.exists():
+        write_atomic(token_file, secrets.token_hex(32), mode=0o600)
+    env = {
+        **os.environ,
+        # Ray resolves 127.0.0.1 to the machine's address and listens on every interface unless it
+        # believes it is a single-machine (macOS/Windows-style) setup: this keeps it on loopback.
+        "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0",
+        # Jobs inherit the head's environment: put this Python's bin first so `python` means rpg's.
+        "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}",
+        # Token authentication with a token of this head's own (not ~/.ray/auth_token, whose mere
+        # existence would otherwise decide the mode): loopback is shared by every local user. Jobs
+        # inherit these, so a job's own ray.init() reaches its cluster.
+        "RAY_AUTH_MODE": "token",
+        "RAY_AUTH_TOKEN_PATH": str(token_file),
+    }
+    for var in ("RAY_ADDRESS", "RAY_API_SERVER_ADDRESS", "RAY_AUTH_TOKEN"):
+        env.pop(var, None)
+    log = head_dir / "start.log"
+    with open(log, "w") as out:
+        proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=env, start_new_session=True)
+    head = Head(
+        f"http://127.0.0.1:{dashboard}",
+        f"127.0.0.1:{gcs}",
+        str(temp_dir),
+        proc.pid,
+        socket.gethostname(),
+        str(token_file),
+    )
+    # Recorded before it is ready: if rpg is interrupted now, the next one finds it and clears it.
+    write_atomic(head_dir / "head.json", json.dumps(head.__dict__, indent=2), mode=0o644)
+    deadline = time.monotonic() + timeout_s
+    try:
+        code = proc.wait(timeout=timeout_s)
+        if code != 0:
+            raise ClusterError(f"`ray start --head` failed (exit {code}): {_last_line(log)} (full log: {log})")
+        while not _dashboard_alive(head):
+            if time.monotonic() > deadline:
+                raise ClusterError(f"the local Ray head did not answer within {timeout_s:.0f} s (log: {log})")
+            time.sleep(0.5)
+    except (ClusterError, subprocess.TimeoutExpired) as exc:
+        _kill_head_processes(head)
+        (head_dir / "head.json").unlink(missing_ok=True)
+        if isinstance(exc, ClusterError):
+            raise
+        raise ClusterError(f"`ray start --head` did not finish within {timeout_s:.0f} s (log: {log})") from None
+    return head
+
+
+def _kill_head_processes(head: Head, grace_s: float = 3.0) -> None:
+    """Terminate the head's process group and everything its daemons started (workers, job drivers
+    run in groups of their own); by pid, and only if the group is still the one running this head.
+    gcs_server and raylet may take well over 10 s to honour SIGTERM; Ray's daemons survive SIGKILL
+    cleanly (it is what `ray stop --force` sends), so the grace period is short."""
+    import psutil
+
+    def pgid(p: psutil.Process) -> int | None:
+        with contextlib.suppress(OSError):
+            return os.getpgid(p.pid)
+        return None
+
+    def cmdline(p: psutil.Process) -> str:
+        with contextlib.suppress(psutil.Error):
+            return " ".join(p.cmdline())
+        return ""
+
+    group = [p for p in psutil.process_iter() if pgid(p) == head.pgid]
+    if not any(head.temp_dir in cmdline(p) for p in group):
+        return  # gone, or the group id now belongs to someone else
+    family = set(group)
+    for p in group:
+        with contextlib.suppress(psutil.Error):
+            family.update(p.children(recursive=True))
+    family.discard(psutil.Process())
+    for p in family:
+        with contextlib.suppress(psutil.Error):
+            p.send_signal(signal.SIGTERM)
+    _, alive = psutil.wait_procs(list(family), timeout=grace_s)
+    for p in alive:
+        with contextlib.suppress(psutil.Error):
+            p.kill()
+    psutil.wait_procs(alive, timeout=grace_s)
+
+
+def stop_local_head(runs_dir: Path = DEFAULT_RUNS_DIR) -> bool:
+    """Stop the local head of `runs_dir` (its jobs die with it). False when there was none."""
+    head_dir = _head_dir(runs_dir)
+    if not (head_dir / "head.json").exists():
+        return False
+    with _locked(head_dir / "head.lock"):
+        head = _read_head(head_dir)
+        if head is None:
+            return False
+        _kill_head_processes(head)
+        (head_dir / "head.json").unlink(missing_ok=True)
+        return True
+
+
+# ------------------------------------------------------------------------------------------ client
+
+
+@contextlib.contextmanager
+def _without_env(*names: str) -> Iterator[None]:
+    saved = {n: os.environ.pop(n) for n in names if n in os.environ}
+    try:
+        yield
+    finally:
+        os.environ.update(saved)
+
+
+def connect(
+    address: str | None = None, runs_dir: Path = DEFAULT_RUNS_DIR, start: bool = True
+) -> JobSubmissionClient | None:
+    """A Jobs API client: for `address` (or $RAY_ADDRESS) if given, else for the local head of
+    `runs_dir` (started if needed and `start`; None when there is none and not `start`)."""
+    address = address or os.environ.get("RAY_ADDRESS")
+    headers = None
+    if not address:
+        head = local_head(runs_dir, start=start)
+        if head is None:
+            return None
+        address, headers = head.dashboard_url, head.auth_headers
+    from ray.job_submission import JobSubmissionClient
+
+    # Ray lets $RAY_ADDRESS override an explicit address; here the explicit one wins.
+    with _without_env("RAY_ADDRESS", "RAY_API_SERVER_ADDRESS"):
+        try:
+            return JobSubmissionClient(address, headers=headers)
+        except Exception as exc:  # ConnectionError, ValueError, version mismatch: all mean "not usable"
+            raise ClusterError(
+                f"cannot reach the Ray cluster at {address} ({one_line(exc)}); check --address, or omit it "
+                "to let rpg start a local head (or start one yourself: ray start --head)"
+            ) from None
+
+
+def one_line(exc: BaseException) -> str:
+    """An exception as one line of a message: its last non-blank line, else its type."""
+    return (last_lines(str(exc)) or type(exc).__name__)[:300]
+
+
+def _last_line(path: Path) -> str:
+    with contextlib.suppress(OSError):
+        return last_lines(path.read_text(errors="replace"))[:300] or "no output"
+    return "no output"

@@ -1,0 +1,119 @@
+"""A run as the orchestrator sees it: what to start, where, with which resources; and the dry run.
+
+`RunPlan` is the hand-off between the spec side (spec.py expands a sweep into specs) and the
+execution side (sweep.py submits them, the store records them). Each backend supplies its part
+through one module, `rpg_cli.backends.<name>.launch`:
+
+    entrypoint(spec, run_dir) -> argv     the job's command (an argument list, never a shell string)
+    resources(spec) -> (cpus, gpus)       what the job's entrypoint reserves
+    env(spec, run_dir) -> {name: value}   the job's environment variables
+    preflight()                           optional: raise RuntimeError (one line) before any submission
+    failure_reason(log_tail) -> str       optional: one line for a failed job (default: its last error)
+
+Pure Python: no torch, ray or verl.
+"""
+
+from __future__ import annotations
+
+import importlib
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import ModuleType
+from typing import TYPE_CHECKING, Any
+
+from rpg_cli import rundir
+from rpg_cli.states import ATTACH, DONE, NEW, SKIP, SUBMIT, run_action
+
+if TYPE_CHECKING:
+    from rpg_cli.spec import ExperimentSpec, SweepSpec
+
+
+@dataclass(frozen=True)
+class RunPlan:
+    id: str  # stable short hash of the canonical spec; also the Ray submission id
+    name: str  # readable: rpg_reinforce-urkl-clip0.2_0.28-adamw-4k-s0-1a2b3c
+    sweep: str  # the sweep's name
+    backend: str  # "verl" | "local"
+    spec: dict[str, Any]  # the canonical spec (JSON-serialisable), as written to spec.json
+    run_dir: Path  # runs/<sweep>/<name>/
+    entrypoint: list[str]  # the exact command the job runs, as an argument list (never a shell string)
+    num_cpus: float = 1.0
+    num_gpus: float = 0.0
+    env: dict[str, str] = field(default_factory=dict)  # runtime_env env_vars
+
+
+def launcher(backend: str) -> ModuleType:
+    """The backend's `launch` module: everything the orchestrator asks of a backend (see above)."""
+    return importlib.import_module(f"rpg_cli.backends.{backend}.launch")
+
+
+def failure_reason(backend: str, log_tail: str) -> str:
+    """One line for a failed job of `backend`, from the tail of its log: the backend's own reading when
+    it has one, else the log's last error line."""
+    try:
+        read = getattr(launcher(backend), "failure_reason", rundir.failure_line)
+    except ModuleNotFoundError:  # a run recorded by `rpg eval` for a bare model ("hf"): no backend
+        read = rundir.failure_line
+    return read(log_tail)
+
+
+def plan_run(spec: ExperimentSpec, run_dir: Path, sweep: str) -> RunPlan:
+    """The plan of one run; its backend's `launch` module supplies the command, the resources the
+    entrypoint reserves (a verl driver reserves no GPU: its Ray workers take them) and the env vars."""
+    launch = launcher(spec.backend)
+    run_dir = Path(run_dir).absolute()
+    num_cpus, num_gpus = launch.resources(spec)
+    return RunPlan(
+        id=spec.run_id,
+        name=spec.run_name,
+        sweep=sweep,
+        backend=spec.backend,
+        spec=spec.canonical(),
+        run_dir=run_dir,
+        entrypoint=list(launch.entrypoint(spec, run_dir)),
+        num_cpus=float(num_cpus),
+        num_gpus=float(num_gpus),
+        env=dict(launch.env(spec, run_dir)),
+    )
+
+
+def plan_sweep(sweep: SweepSpec, runs_root: Path, backend: str | None = None) -> list[RunPlan]:
+    """One plan per distinct cell, run directories at `<runs_root>/<sweep>/<run name>/` (absolute).
+
+    Pure: computes paths and commands, touches nothing on disk. `backend` overrides the spec's.
+    """
+    root = Path(runs_root).absolute()
+    return [plan_run(spec, root / sweep.name / spec.run_name, sweep.name) for spec in sweep.expand(backend)]
+
+
+# --------------------------------------------------------------------------------------------- dry run
+
+
+def known_states(db_url: str, plans: list[RunPlan]) -> dict[str, str]:
+    """Each plan's state in the results store, "new" where it has none; reads only (SQLite with the
+    standard library), and a database that does not exist yet is not created."""
+    from rpg_cli.store.light import run_states
+
+    states = run_states(db_url, [p.id for p in plans])
+    return {p.id: states.get(p.id, NEW) for p in plans}
+
+
+@dataclass(frozen=True)
+class PlanSummary:
+    runs: int
+    submit: int
+    gpus: float  # GPUs the runs to submit train on (a verl driver reserves none itself: its workers do)
+    attach: int
+    done: int
+    skip: int
+
+
+def summarize(plans: list[RunPlan], states: dict[str, str], retry_failed: bool = False) -> PlanSummary:
+    """What a sweep run would do with each plan, counted: the dry run's last line."""
+    actions = {p.id: run_action(states[p.id], retry_failed) for p in plans}
+    counts = Counter(actions.values())
+    gpus = sum(
+        p.spec["resources"]["nodes"] * p.spec["resources"]["gpus_per_node"] for p in plans if actions[p.id] == SUBMIT
+    )
+    return PlanSummary(len(plans), counts[SUBMIT], gpus, counts[ATTACH], counts[DONE], counts[SKIP])

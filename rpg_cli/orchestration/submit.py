@@ -1,0 +1,85 @@
+"""The Ray Jobs API as rpg uses it, for training runs and evaluations alike: one way to submit a job,
+what Ray's job states mean for a run, and a job's logs."""
+
+from __future__ import annotations
+
+import os
+import shlex
+from collections.abc import Iterator, Mapping, Sequence
+from datetime import datetime, timezone
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from ray.job_submission import JobDetails, JobSubmissionClient
+
+# Ray's job status -> the run state it means (see rpg_cli/states.py)
+_STATE_OF_RAY_STATUS = {
+    "PENDING": "submitted",
+    "RUNNING": "running",
+    "SUCCEEDED": "succeeded",
+    "FAILED": "failed",
+    "STOPPED": "stopped",
+}
+
+
+def run_state(ray_status: object) -> str:
+    """The run state a Ray job status means."""
+    return _STATE_OF_RAY_STATUS[str(ray_status)]
+
+
+def shell_command(argv: Sequence[str]) -> str:
+    """The entrypoint Ray runs through a shell, in the directory the head was started from: go to where
+    rpg runs, so that relative paths mean what they mean here. The local head shares this filesystem,
+    so nothing is uploaded (no runtime_env working_dir); a remote cluster must see the same path (a
+    shared filesystem). Every argument is quoted: no value reaches the shell unquoted."""
+    return f"cd {shlex.quote(os.getcwd())} && exec {shlex.join(argv)}"
+
+
+def submit(
+    client: JobSubmissionClient,
+    argv: Sequence[str],
+    submission_id: str,
+    *,
+    num_cpus: float = 1.0,
+    num_gpus: float = 0.0,
+    env: Mapping[str, str] | None = None,
+    metadata: Mapping[str, str] | None = None,
+) -> None:
+    """Submit `argv` as the job `submission_id`, reserving `num_cpus`/`num_gpus` for its entrypoint."""
+    client.submit_job(
+        entrypoint=shell_command(argv),
+        submission_id=submission_id,
+        runtime_env={"env_vars": dict(env)} if env else None,
+        entrypoint_num_cpus=num_cpus,
+        entrypoint_num_gpus=num_gpus or None,
+        metadata=dict(metadata) if metadata else None,
+    )
+
+
+def ray_jobs(client: JobSubmissionClient) -> dict[str, JobDetails]:
+    """Every job the cluster knows, by submission id."""
+    return {job.submission_id: job for job in client.list_jobs() if job.submission_id}
+
+
+def tail_logs(client: JobSubmissionClient, submission_id: str) -> Iterator[str]:
+    """The job's output as it comes, until the job ends."""
+    import asyncio
+    import logging
+
+    logging.getLogger("ray.dashboard.modules.job.sdk").setLevel(logging.WARNING)  # no "WebSocket closed" chatter
+    loop = asyncio.new_event_loop()
+    chunks = client.tail_job_logs(submission_id)
+    try:
+        while True:
+            try:
+                yield loop.run_until_complete(chunks.__anext__())
+            except StopAsyncIteration:
+                return
+    finally:
+        loop.run_until_complete(chunks.aclose())
+        loop.close()
+
+
+def from_ms(ms: int | None) -> datetime | None:
+    """A Ray timestamp (milliseconds since the epoch) as naive UTC, the store's convention."""
+    return None if ms is None else datetime.fromtimestamp(ms / 1000, timezone.utc).replace(tzinfo=None)
