@@ -23,10 +23,10 @@ torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
 from rpg_cli.cli import app  # noqa: E402
-from rpg_cli.evaluation import EvalError, EvalOptions, ingest_verl_val_metrics, plan_eval  # noqa: E402
+from rpg_cli.evaluation import EvalError, EvalOptions, plan_eval  # noqa: E402
 from rpg_cli.evaluation.__main__ import parse_args  # noqa: E402
 from rpg_cli.evaluation.generation import HFGenerator  # noqa: E402
-from rpg_cli.plan import RunPlan  # noqa: E402
+from rpg_cli.orchestration.plan import RunPlan  # noqa: E402
 from rpg_cli.spec import ExperimentSpec  # noqa: E402
 from rpg_cli.store import open_store  # noqa: E402
 
@@ -309,13 +309,17 @@ def test_verl_validation_metrics_are_ingested_under_verl_names(tmp_path):
     store = open_store(f"sqlite:///{db_file}")
     path = tmp_path / "metrics.jsonl"
     path.write_text("".join(json.dumps(line) + "\n" for line in VERL_LINES) + '{"step": 3, "data": {"val-core/x/acc/me')
+    all_evals = "SELECT step, benchmark, metric, k, scorer, value FROM evals ORDER BY step, benchmark, metric, k"
     try:
-        assert ingest_verl_val_metrics(store, "r1", path) == 8
-        assert ingest_verl_val_metrics(store, "r1", path) == 8  # upserts: idempotent
-        assert ingest_verl_val_metrics(store, "r1", tmp_path / "missing.jsonl") == 0
+        assert store.ingest_metrics("r1", path) == 11  # the metrics, and in the same pass the evals below
+        first = query(db_file, all_evals)
+        assert store.ingest_metrics("r1", path) == 0  # nothing new: idempotent
+        store.ingest_metrics("r2", path)  # another run ingesting the same file (all of it again): upserts
+        assert store.ingest_metrics("r1", tmp_path / "missing.jsonl") == 0
     finally:
         store.close()
-    rows = query(db_file, "SELECT step, benchmark, metric, k, scorer, value FROM evals ORDER BY step, benchmark, metric, k")
+    rows = query(db_file, all_evals.replace("FROM evals", "FROM evals WHERE run_id = 'r1'"))
+    assert rows == first and len(query(db_file, all_evals)) == 2 * len(rows)
     assert rows == [
         (1, "aime2025", "best@k/mean", 2, "verl-val", 0.35),
         (1, "aime2025", "best@k/mean", 32, "verl-val", 0.6),
@@ -330,11 +334,17 @@ def test_verl_validation_metrics_are_ingested_under_verl_names(tmp_path):
 
 
 def test_job_options_round_trip_through_the_entry_point():
+    from rpg_cli.evaluation.job import job_argv
+
     options = EvalOptions(ref="runs/s/r", benchmarks=("aime24", "x/y.parquet"), k=8, steps="1,2", scorer="math_verify",
                           data_dir="d", db="sqlite:///a.db", runs_dir="rr", engine="hf", temperature=0.5, top_p=0.9,
                           max_tokens=100, seed=3)  # fmt: skip
-    assert parse_args(options.to_argv()) == options
-    assert parse_args(EvalOptions(ref="r").to_argv()) == EvalOptions(ref="r")
+    argv = job_argv(options)
+    assert argv[:3] == ["python", "-m", "rpg_cli.evaluation"]
+    assert parse_args(argv[3:]) == options
+    assert parse_args(job_argv(EvalOptions(ref="r"))[3:]) == EvalOptions(ref="r")
+    with pytest.raises(EvalError, match="bad evaluation options: k: "):
+        parse_args(['{"ref": "r", "k": "many"}'])
 
 
 # ------------------------------------------------------------------------------------ bad input
@@ -377,7 +387,7 @@ def test_bad_input_is_one_line_exit_2_and_writes_nothing(assets, tmp_path, case,
 @pytest.mark.slow
 def test_eval_runs_as_a_ray_job_on_the_local_head(assets, tmp_path):
     pytest.importorskip("ray.job_submission", reason="the Ray job path needs ray[default]")
-    from rpg_cli.jobs import stop_local_head
+    from rpg_cli.orchestration.head import stop_local_head
 
     db_file = tmp_path / "results.db"
     runs = tmp_path / "runs"

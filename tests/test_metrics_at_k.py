@@ -1,4 +1,4 @@
-"""accuracy@k metrics of rpg_cli.evaluate against exact combinatorics and hand-worked cases."""
+"""accuracy@k metrics of rpg_cli.evaluation.metrics against exact combinatorics and hand-worked cases."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from fractions import Fraction
 import numpy as np
 import pytest
 
-from rpg_cli.evaluate import maj_at_k, majority_answer, mean_at_k, pass_at_k, pass_at_k_curve, std_at_k
+from rpg_cli.evaluation.metrics import maj_at_k, majority_answer, mean_at_k, pass_at_k, pass_at_k_curve, std_at_k
 
 
 def exact_pass_at_k(n: int, c: int, k: int) -> Fraction:

@@ -280,7 +280,7 @@ def test_scorer_versions_are_distinct_labels():
 
 def test_importing_rewards_stays_cheap():
     code = (
-        "import sys, rpg_cli.rewards, rpg_cli.evaluate\n"
+        "import sys, rpg_cli.rewards, rpg_cli.evaluation.metrics\n"
         "heavy = [m for m in ('math_verify', 'sympy', 'torch', 'verl') if m in sys.modules]\n"
         "assert not heavy, heavy"
     )

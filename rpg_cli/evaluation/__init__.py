@@ -1,16 +1,35 @@
 """`rpg eval`: checkpoints -> k samples per problem -> scored samples -> results store.
 
-    plan = plan_eval(EvalOptions(ref="runs/paper/rpg-...", benchmarks=("aime24",), k=32))
-    run_eval(plan, store)                  # in this process (what the Ray job runs, and `--local`)
+    options = EvalOptions(ref="runs/paper/rpg-...", benchmarks=("aime24",), k=32)
+    results = evaluate(options, local=True)   # plan, evaluate here or as a Ray job, follow; stored results
 
-`plan` resolves what to evaluate (runs, checkpoints, benchmark files, sampling settings) and checks
-every input without importing torch; `generation` samples with vLLM or transformers; `pipeline`
-scores, stores every sample and the accuracy@k metrics (rpg_cli.evaluate), and resumes;
-`verl_val` ingests the validation metrics a training run logged itself; `job` runs an evaluation
-as a Ray job. The job's entry point is `python -m rpg_cli.evaluation`.
+    options     what the user asks (one pydantic model; an evaluation job receives it as JSON)
+    plan        which runs and checkpoints, on which problems, sampled how; checks every input, no torch
+    generation  k samples per problem with vLLM or transformers
+    pipeline    scores, stores every sample and the accuracy@k metrics, resumes
+    metrics     accuracy@k: mean@k, pass@k (unbiased), maj@k, std@k (pure functions)
+    job         the evaluation as a Ray job, and `evaluate`, the one call `rpg eval` makes
+
+The job's entry point is `python -m rpg_cli.evaluation`. Importing this package imports nothing: the
+names below load their module on first use (`metrics` stays light for anyone who wants the formulas).
 """
 
-from rpg_cli.evaluation.plan import EvalError, EvalOptions, EvalPlan, plan_eval
-from rpg_cli.evaluation.verl_val import ingest_verl_val_metrics
+from __future__ import annotations
 
-__all__ = ["EvalError", "EvalOptions", "EvalPlan", "ingest_verl_val_metrics", "plan_eval"]
+import importlib
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from rpg_cli.evaluation.job import evaluate
+    from rpg_cli.evaluation.options import EvalError, EvalOptions
+    from rpg_cli.evaluation.plan import EvalPlan, plan_eval
+
+_LAZY = {"EvalError": "options", "EvalOptions": "options", "EvalPlan": "plan", "plan_eval": "plan", "evaluate": "job"}
+
+__all__ = ["EvalError", "EvalOptions", "EvalPlan", "evaluate", "plan_eval"]
+
+
+def __getattr__(name: str) -> Any:
+    if name in _LAZY:
+        return getattr(importlib.import_module(f"rpg_cli.evaluation.{_LAZY[name]}"), name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

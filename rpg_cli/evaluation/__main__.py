@@ -1,40 +1,31 @@
-"""Entry point of an evaluation job: `python -m rpg_cli.evaluation RUN_OR_CHECKPOINT [options]`.
+"""Entry point of an evaluation job: `python -m rpg_cli.evaluation '<EvalOptions as JSON>'`.
 
-The options are `rpg eval`'s (EvalOptions.to_argv writes them). Progress goes to stdout, one line per
-problem batch; exit status 0 done, 2 bad input (one line on stderr).
+`rpg eval` writes the command (evaluation/job.py). Progress goes to stdout, one line per problem
+batch; exit status 0 done, 2 bad input (one line on stderr).
 """
 
 from __future__ import annotations
 
-import argparse
 import sys
 
-from rpg_cli.evaluation.plan import DEFAULT_BENCHMARKS, EvalError, EvalOptions
+from pydantic import ValidationError
+
+from rpg_cli.evaluation.options import EvalError, EvalOptions
 
 
-def parse_args(argv: list[str] | None = None) -> EvalOptions:
-    defaults = EvalOptions(ref="")
-    parser = argparse.ArgumentParser(prog="python -m rpg_cli.evaluation", description=__doc__.splitlines()[0])
-    parser.add_argument("ref", metavar="RUN_OR_CHECKPOINT")
-    parser.add_argument("--benchmarks", default=",".join(DEFAULT_BENCHMARKS))
-    parser.add_argument("--k", type=int, default=None)
-    parser.add_argument("--steps", default=defaults.steps)
-    parser.add_argument("--scorer", default=defaults.scorer)
-    parser.add_argument("--data-dir", default=defaults.data_dir)
-    parser.add_argument("--db", default=defaults.db)
-    parser.add_argument("--runs-dir", default=defaults.runs_dir)
-    parser.add_argument("--engine", default=defaults.engine)
-    parser.add_argument("--temperature", type=float, default=None)
-    parser.add_argument("--top-p", type=float, default=None)
-    parser.add_argument("--max-tokens", type=int, default=None)
-    parser.add_argument("--seed", type=int, default=defaults.seed)
-    args = vars(parser.parse_args(argv))
-    args["benchmarks"] = tuple(b.strip() for b in args["benchmarks"].split(",") if b.strip())
-    return EvalOptions(**args)
+def parse_args(argv: list[str]) -> EvalOptions:
+    """The options of the job's one argument; EvalError (one line) when it is not valid EvalOptions JSON."""
+    if len(argv) != 1:
+        raise EvalError("usage: python -m rpg_cli.evaluation '<EvalOptions as JSON>' (rpg eval writes it)")
+    try:
+        return EvalOptions.model_validate_json(argv[0])
+    except ValidationError as e:
+        err = e.errors()[0]
+        where = ".".join(str(p) for p in err["loc"])
+        raise EvalError(f"bad evaluation options: {where}: {err['msg']}") from None
 
 
 def main(argv: list[str] | None = None) -> int:
-    options = parse_args(argv)
     from rpg_cli.evaluation.pipeline import run_eval
     from rpg_cli.evaluation.plan import plan_eval
     from rpg_cli.store import StoreError, open_store
@@ -43,6 +34,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{p.label}: {p.done}/{p.total} samples scored ({p.generated} generated here)", flush=True)
 
     try:
+        options = parse_args(sys.argv[1:] if argv is None else argv)
         plan = plan_eval(options)
         for line in plan.skipped:
             print(f"skipped {line}", flush=True)

@@ -10,11 +10,13 @@ from __future__ import annotations
 
 import importlib.util
 import zlib
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Protocol, Sequence
+from typing import Protocol
 
-from rpg_cli.evaluation.plan import EvalError, Problem, Sampling
+from rpg_cli.evaluation.options import EvalError
+from rpg_cli.evaluation.plan import Problem, Sampling
 
 
 @dataclass(frozen=True)

@@ -5,6 +5,7 @@ Resuming is built in, at the granularity of a problem:
   - responses are kept in `<run_dir>/eval/step_N/<benchmark>.jsonl` (one line per problem, with the
     sampling settings), so scoring the same checkpoint with another scorer, or after an interruption
     between generating and storing, reuses them instead of generating again.
+The run's metrics.jsonl is ingested first: the store copies the validation scores it logged itself.
 The metrics are always recomputed from the stored samples (the first k of each problem), never
 carried in memory, so what the store says can be checked against what it holds.
 """
@@ -17,10 +18,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from rpg_cli.evaluate import maj_at_k, mean_at_k, pass_at_k_curve, std_at_k
+from rpg_cli import rundir
 from rpg_cli.evaluation.generation import Response, load_generator, pick_engine, problem_seed, problems_per_call
+from rpg_cli.evaluation.metrics import maj_at_k, mean_at_k, pass_at_k_curve, std_at_k
 from rpg_cli.evaluation.plan import PLAIN_SWEEP, Benchmark, EvalPlan, Sampling, Target
-from rpg_cli.evaluation.verl_val import ingest_verl_val_metrics
+from rpg_cli.orchestration.plan import RunPlan
 from rpg_cli.rewards import score_batch, scorer_version
 
 if TYPE_CHECKING:
@@ -65,7 +67,7 @@ def run_eval(
 
     for target in plan.targets:
         register_target(store, target)
-        ingest_verl_val_metrics(store, target.run_id, target.metrics_path)
+        store.ingest_metrics(target.run_id, target.metrics_path)  # with it, its own validation scores
         for checkpoint in target.checkpoints:
             generator = _LazyGenerator(make_generator, checkpoint.path, engine)
             try:
@@ -78,9 +80,19 @@ def run_eval(
                         if on_progress is not None:
                             on_progress(EvalProgress(counts["done"], plan.total_samples, label, counts["generated"]))
 
-                    _evaluate_benchmark(store, target, checkpoint.step, bench, plan.scorer, generator,
-                                        problems_per_call(engine, target.sampling.k), advance)  # fmt: skip
-                    record_metrics(store, target.run_id, checkpoint.step, bench, plan.scorer, version, target.sampling.k)
+                    _evaluate_benchmark(
+                        store,
+                        target,
+                        checkpoint.step,
+                        bench,
+                        plan.scorer,
+                        generator,
+                        problems_per_call(engine, target.sampling.k),
+                        advance,
+                    )
+                    record_metrics(
+                        store, target.run_id, checkpoint.step, bench, plan.scorer, version, target.sampling.k
+                    )
             finally:
                 generator.close()
     return eval_results(store, plan)
@@ -98,7 +110,9 @@ class _LazyGenerator:
             self.loaded = self.factory(self.model_dir, self.engine)
         responses = self.loaded.generate(problems, seeds, sampling)
         if len(responses) != len(problems) or any(len(r) != sampling.k for r in responses):
-            raise RuntimeError(f"the generator did not return k={sampling.k} responses for each of {len(problems)} problems")
+            raise RuntimeError(
+                f"the generator did not return k={sampling.k} responses for each of {len(problems)} problems"
+            )
         return responses
 
     def close(self) -> None:
@@ -107,16 +121,24 @@ class _LazyGenerator:
             self.loaded = None
 
 
-def _evaluate_benchmark(store: Store, target: Target, step: int, bench: Benchmark, scorer: str,
-                        generator: _LazyGenerator, per_call: int, advance: Callable[..., None]) -> None:  # fmt: skip
+def _evaluate_benchmark(
+    store: Store,
+    target: Target,
+    step: int,
+    bench: Benchmark,
+    scorer: str,
+    generator: _LazyGenerator,
+    per_call: int,
+    advance: Callable[..., None],
+) -> None:
     """Score (generating where needed) every problem of `bench` that the store lacks, `per_call` at a time."""
     sampling = target.sampling
-    scored = stored_samples(store, target.run_id, step, bench.name, scorer, sampling.k)
+    scored = store.stored_samples(target.run_id, step, bench.name, scorer, sampling.k)
     todo = [p for p in range(len(bench.problems)) if p not in scored]
     advance((len(bench.problems) - len(todo)) * sampling.k)
     if not todo:
         return
-    cache = ResponseCache(target.eval_dir / f"step_{step}" / f"{bench.name}.jsonl", sampling)
+    cache = ResponseCache(rundir.eval_cache_path(target.run_dir, step, bench.name), sampling)
     cached = cache.load()
     for start in range(0, len(todo), per_call):
         batch = todo[start : start + per_call]
@@ -130,8 +152,16 @@ def _evaluate_benchmark(store: Store, target: Target, step: int, bench: Benchmar
         advance(len(batch) * sampling.k, len(missing) * sampling.k)
 
 
-def _score_and_store(store: Store, target: Target, step: int, bench: Benchmark, batch: Sequence[int],
-                     cached: dict[str, list[Response]], scorer: str, k: int) -> None:  # fmt: skip
+def _score_and_store(
+    store: Store,
+    target: Target,
+    step: int,
+    bench: Benchmark,
+    batch: Sequence[int],
+    cached: dict[str, list[Response]],
+    scorer: str,
+    k: int,
+) -> None:
     texts, truths, where = [], [], []
     for p in batch:
         problem = bench.problems[p]
@@ -141,31 +171,22 @@ def _score_and_store(store: Store, target: Target, step: int, bench: Benchmark, 
             where.append((p, j, response.length))
     verdicts = score_batch(texts, truths, scorer)
     store.record_samples(
-        {"run_id": target.run_id, "step": step, "benchmark": bench.name, "problem": p, "sample_index": j,
-         "scorer": scorer, "extracted": verdict["pred"], "correct": bool(verdict["acc"]), "response_length": length}
+        {
+            "run_id": target.run_id,
+            "step": step,
+            "benchmark": bench.name,
+            "problem": p,
+            "sample_index": j,
+            "scorer": scorer,
+            "extracted": verdict["pred"],
+            "correct": bool(verdict["acc"]),
+            "response_length": length,
+        }
         for (p, j, length), verdict in zip(where, verdicts)
-    )  # fmt: skip
+    )
 
 
 # ------------------------------------------------------------------------------------------ metrics
-
-
-def stored_samples(store: Store, run_id: str, step: int, benchmark: str, scorer: str,
-                   k: int) -> dict[int, list[tuple[str | None, bool]]]:  # fmt: skip
-    """Problems with all of samples 0..k-1 stored: problem -> [(extracted answer, correct)] in sample order."""
-    import sqlalchemy as sa
-
-    s = store.t.samples.c
-    query = (
-        sa.select(s.problem, s.sample_index, s.extracted, s.correct)
-        .where(s.run_id == run_id, s.step == step, s.benchmark == benchmark, s.scorer == scorer, s.sample_index < k)
-        .order_by(s.problem, s.sample_index)
-    )
-    by_problem: dict[int, list[tuple[str | None, bool]]] = {}
-    with store.engine.connect() as conn:
-        for problem, _, extracted, correct in conn.execute(query):
-            by_problem.setdefault(problem, []).append((extracted, bool(correct)))
-    return {p: samples for p, samples in by_problem.items() if len(samples) == k}
 
 
 def compute_metrics(samples: Sequence[Sequence[tuple[str | None, bool]]]) -> list[tuple[str, int, float]]:
@@ -180,60 +201,59 @@ def compute_metrics(samples: Sequence[Sequence[tuple[str | None, bool]]]) -> lis
 
 
 def record_metrics(store: Store, run_id: str, step: int, bench: Benchmark, scorer: str, version: str, k: int) -> None:
-    samples = stored_samples(store, run_id, step, bench.name, scorer, k)
+    samples = store.stored_samples(run_id, step, bench.name, scorer, k)
     missing = [p for p in range(len(bench.problems)) if p not in samples]
     if missing:  # cannot happen after a complete pass; never store metrics over a partial set
         raise RuntimeError(f"{bench.name} step {step}: problems {missing[:5]} have fewer than {k} stored samples")
     store.record_evals(
-        {"run_id": run_id, "step": step, "benchmark": bench.name, "metric": metric, "k": kk, "scorer": scorer,
-         "value": value, "scorer_version": version}
+        {
+            "run_id": run_id,
+            "step": step,
+            "benchmark": bench.name,
+            "metric": metric,
+            "k": kk,
+            "scorer": scorer,
+            "value": value,
+            "scorer_version": version,
+        }
         for metric, kk, value in compute_metrics([samples[p] for p in range(len(bench.problems))])
-    )  # fmt: skip
+    )
 
 
 def eval_results(store: Store, plan: EvalPlan) -> list[EvalResult]:
     """What the store holds for the plan's runs, steps, benchmarks, scorer and k."""
-    import sqlalchemy as sa
-
-    e = store.t.evals.c
     out = []
-    with store.engine.connect() as conn:
-        for target in plan.targets:
-            n = target.sampling.k
-            for checkpoint in target.checkpoints:
-                for bench in plan.benchmarks:
-                    rows = conn.execute(
-                        sa.select(e.metric, e.k, e.value).where(
-                            e.run_id == target.run_id, e.step == checkpoint.step, e.benchmark == bench.name,
-                            e.scorer == plan.scorer, e.metric.in_(METRICS))  # fmt: skip
-                    )
-                    values: dict[str, float | None] = {}
-                    for metric, k, value in rows:
-                        if metric == "pass@k" and k <= n:
-                            values[f"pass@{k}"] = value
-                        elif metric != "pass@k" and k == n:
-                            values[metric] = value
-                    if "mean@k" in values:
-                        out.append(EvalResult(target.name, checkpoint.step, bench.name, n, values))
+    for target in plan.targets:
+        n = target.sampling.k
+        for checkpoint in target.checkpoints:
+            for bench in plan.benchmarks:
+                values: dict[str, float | None] = {}
+                for metric, k, value in store.eval_values(
+                    target.run_id, checkpoint.step, bench.name, plan.scorer, METRICS
+                ):
+                    if metric == "pass@k" and k <= n:
+                        values[f"pass@{k}"] = value
+                    elif metric != "pass@k" and k == n:
+                        values[metric] = value
+                if "mean@k" in values:
+                    out.append(EvalResult(target.name, checkpoint.step, bench.name, n, values))
     return out
 
 
 def scored_count(store: Store, plan: EvalPlan) -> int:
     """Samples of the plan already in the store (progress of an evaluation running elsewhere)."""
-    import sqlalchemy as sa
-
-    s = store.t.samples.c
-    total = 0
-    with store.engine.connect() as conn:
-        for target in plan.targets:
-            for bench in plan.benchmarks:
-                total += conn.execute(
-                    sa.select(sa.func.count()).where(
-                        s.run_id == target.run_id, s.step.in_([c.step for c in target.checkpoints]),
-                        s.benchmark == bench.name, s.scorer == plan.scorer, s.sample_index < target.sampling.k,
-                        s.problem < len(bench.problems))  # fmt: skip
-                ).scalar_one()
-    return total
+    return sum(
+        store.count_samples(
+            target.run_id,
+            [c.step for c in target.checkpoints],
+            bench.name,
+            plan.scorer,
+            target.sampling.k,
+            len(bench.problems),
+        )
+        for target in plan.targets
+        for bench in plan.benchmarks
+    )
 
 
 # ------------------------------------------------------------------------------------------ runs
@@ -243,8 +263,6 @@ def register_target(store: Store, target: Target) -> None:
     """Record a run the store does not know yet (a run directory from elsewhere, or a stand-alone model)."""
     if target.known:
         return
-    from rpg_cli.plan import RunPlan
-
     spec = target.spec or {"model": str(target.checkpoints[0].path)}
     backend = str(spec.get("backend", "hf")) if target.spec else "hf"
     store.record_plans([RunPlan(target.run_id, target.name, target.sweep, backend, spec, target.run_dir, [])])
@@ -285,8 +303,14 @@ class ResponseCache:
 
     def append(self, problem_key: str, responses: Sequence[Response]) -> None:
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        line = json.dumps({"problem": problem_key, "sampling": self.settings,
-                           "responses": [{"text": r.text, "length": r.length} for r in responses]}, ensure_ascii=False)  # fmt: skip
+        line = json.dumps(
+            {
+                "problem": problem_key,
+                "sampling": self.settings,
+                "responses": [{"text": r.text, "length": r.length} for r in responses],
+            },
+            ensure_ascii=False,
+        )
         with self.path.open("a+b") as f:
             torn = f.tell() > 0 and f.seek(-1, 2) is not None and f.read(1) != b"\n"  # a crash cut the last line
             f.write((b"\n" if torn else b"") + line.encode("utf-8") + b"\n")

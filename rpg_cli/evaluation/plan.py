@@ -15,52 +15,15 @@ from __future__ import annotations
 
 import hashlib
 import json
-import re
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from rpg_cli.store import DEFAULT_DB_URL
+from rpg_cli import rundir
+from rpg_cli.evaluation.options import EvalError, EvalOptions, parse_steps
 
-DEFAULT_BENCHMARKS = ("aime24", "aime25", "amc23")
-ENGINES = ("auto", "vllm", "hf")
 PLAIN_SWEEP = "checkpoints"  # the sweep under which models that belong to no run are recorded
 DEFAULT_K = 32  # the paper's Mean@32, for models without a spec
-_STEP_DIR = re.compile(r"^(?:global_)?step_(\d+)$")
-_WEIGHT_FILES = ("*.safetensors", "pytorch_model*.bin", "model.safetensors.index.json")
-
-
-class EvalError(RuntimeError):
-    """Bad `rpg eval` input; the message is one line naming the problem and the fix."""
-
-
-@dataclass(frozen=True)
-class EvalOptions:
-    """The user's request, as typed: `plan_eval` turns it into an `EvalPlan`; a Ray job gets it as argv."""
-
-    ref: str
-    benchmarks: tuple[str, ...] = DEFAULT_BENCHMARKS
-    k: int | None = None  # samples per problem; default: the run's val.n (32 without a spec)
-    steps: str = "last"  # last | all | N,M,...
-    scorer: str = "dapo"
-    data_dir: str = "data"
-    db: str = DEFAULT_DB_URL
-    runs_dir: str = "runs"
-    engine: str = "auto"  # auto: vLLM when installed and a GPU is present, else transformers
-    temperature: float | None = None  # default: the run's val.temperature
-    top_p: float | None = None  # default: the run's val.top_p
-    max_tokens: int | None = None  # default: the run's response length (its context)
-    seed: int = 0
-
-    def to_argv(self) -> list[str]:
-        """The arguments of `python -m rpg_cli.evaluation` that rebuild these options."""
-        argv = [self.ref]
-        for f in fields(self)[1:]:
-            value = getattr(self, f.name)
-            if value is None:
-                continue
-            argv += [f"--{f.name.replace('_', '-')}", ",".join(value) if isinstance(value, tuple) else str(value)]
-        return argv
 
 
 @dataclass(frozen=True)
@@ -72,8 +35,13 @@ class Sampling:
     seed: int
 
     def describe(self) -> dict[str, Any]:
-        return {"k": self.k, "temperature": self.temperature, "top_p": self.top_p,
-                "max_tokens": self.max_tokens, "seed": self.seed}  # fmt: skip
+        return {
+            "k": self.k,
+            "temperature": self.temperature,
+            "top_p": self.top_p,
+            "max_tokens": self.max_tokens,
+            "seed": self.seed,
+        }
 
 
 @dataclass(frozen=True)
@@ -117,12 +85,8 @@ class Target:
     known: bool  # already recorded in the store
 
     @property
-    def eval_dir(self) -> Path:
-        return self.run_dir / "eval"
-
-    @property
     def metrics_path(self) -> Path:
-        return self.run_dir / "metrics.jsonl"
+        return rundir.metrics_path(self.run_dir)
 
 
 @dataclass(frozen=True)
@@ -147,42 +111,11 @@ class EvalPlan:
 
 def plan_eval(options: EvalOptions) -> EvalPlan:
     """Resolve and check everything `options` names; raises EvalError (one line) on bad input."""
-    from rpg_cli.rewards import SCORERS
-
-    if options.scorer not in SCORERS:
-        raise EvalError(f"unknown scorer {options.scorer!r}; choose one of: {', '.join(SCORERS)}")
-    if options.engine not in ENGINES:
-        raise EvalError(f"unknown engine {options.engine!r}; choose one of: {', '.join(ENGINES)}")
-    if options.k is not None and options.k < 1:
-        raise EvalError(f"--k must be at least 1, got {options.k}")
-    if options.max_tokens is not None and options.max_tokens < 1:
-        raise EvalError(f"--max-tokens must be at least 1, got {options.max_tokens}")
-    if options.top_p is not None and not 0 < options.top_p <= 1:
-        raise EvalError(f"--top-p must be in (0, 1], got {options.top_p}")
-    if options.temperature is not None and options.temperature < 0:
-        raise EvalError(f"--temperature must be >= 0, got {options.temperature}")
-    parse_steps(options.steps)
-    if not options.benchmarks:
-        raise EvalError(f"no benchmark given; pass --benchmarks with any of {', '.join(DEFAULT_BENCHMARKS)} or a parquet file")
     targets, skipped = _resolve_targets(options)
     benchmarks = tuple(load_benchmark(name, Path(options.data_dir)) for name in dict.fromkeys(options.benchmarks))
     if len({b.name for b in benchmarks}) != len(benchmarks):
         raise EvalError("two benchmarks have the same name (a file's stem names it); rename one of the files")
     return EvalPlan(options, tuple(targets), benchmarks, tuple(skipped))
-
-
-def parse_steps(steps: str) -> str | list[int]:
-    """'last' | 'all' | [N, M, ...]."""
-    text = steps.strip()
-    if text in ("last", "all"):
-        return text
-    try:
-        chosen = sorted({int(part) for part in text.split(",") if part.strip()})
-    except ValueError:
-        chosen = []
-    if not chosen or chosen[0] < 0:
-        raise EvalError(f"--steps {steps!r}: expected last, all, or step numbers like 100,200")
-    return chosen
 
 
 def _resolve_targets(options: EvalOptions) -> tuple[list[Target], list[str]]:
@@ -198,8 +131,18 @@ def _resolve_targets(options: EvalOptions) -> tuple[list[Target], list[str]]:
     targets, skipped = [], []
     for record in records:
         try:
-            targets.append(_target(record.id, record.name, record.sweep, Path(record.run_dir), record.spec,
-                                   _select(Path(record.run_dir), options.steps), options, known=True))  # fmt: skip
+            targets.append(
+                _target(
+                    record.id,
+                    record.name,
+                    record.sweep,
+                    Path(record.run_dir),
+                    record.spec,
+                    _select(Path(record.run_dir), options.steps),
+                    options,
+                    known=True,
+                )
+            )
         except EvalError as e:
             if len(records) == 1:
                 raise
@@ -228,105 +171,65 @@ def _lookup(ref: str, db: str) -> list:
 
 def _target_from_path(path: Path, options: EvalOptions) -> Target:
     path = path.resolve()
-    checkpoint = _as_checkpoint(path)
+    checkpoint = rundir.as_checkpoint(path)
     if checkpoint is not None:
-        step, model_dir, run_dir = checkpoint
+        step, step_dir, run_dir = checkpoint
+        model_dir = rundir.model_dir(step_dir)
+        if model_dir is None:
+            raise EvalError(_no_weights(step_dir))
         if options.steps not in ("last",):
-            raise EvalError(f"--steps {options.steps} applies to runs; {path} is one checkpoint (step {step}): "
-                            "give the run directory to choose steps")  # fmt: skip
-        if run_dir is not None and (run_dir / "spec.json").is_file():
+            raise EvalError(
+                f"--steps {options.steps} applies to runs; {path} is one checkpoint (step {step}): "
+                "give the run directory to choose steps"
+            )
+        if run_dir is not None and rundir.spec_path(run_dir).is_file():
             return _run_dir_target(run_dir, [Checkpoint(step, model_dir)], options)
         return _plain_target(model_dir, step, options, run_dir=run_dir)
-    if (path / "spec.json").is_file() or (path / "checkpoints").is_dir():
+    if rundir.spec_path(path).is_file() or rundir.checkpoints_dir(path).is_dir():
         return _run_dir_target(path, _select(path, options.steps), options)
     if (path / "config.json").is_file():
-        if not _has_weights(path):
+        if not rundir.has_weights(path):
             raise EvalError(f"{path} has a config.json but no weights (*.safetensors, pytorch_model*.bin)")
         return _plain_target(path, 0, options)
-    raise EvalError(f"{path} is not a run directory (spec.json, checkpoints/), a checkpoint (step_N, global_step_N) "
-                    "or an HF model directory (config.json)")  # fmt: skip
-
-
-def _as_checkpoint(path: Path) -> tuple[int, Path, Path | None] | None:
-    """(step, HF model directory, run directory or None) when `path` is one checkpoint of a run."""
-    if _STEP_DIR.match(path.name):
-        step_dir = path
-    elif path.name == "actor" and _STEP_DIR.match(path.parent.name):
-        step_dir = path.parent
-    elif path.name == "huggingface" and path.parent.name == "actor" and _STEP_DIR.match(path.parent.parent.name):
-        step_dir = path.parent.parent
-    else:
-        return None
-    match = _STEP_DIR.match(step_dir.name)
-    assert match is not None
-    model_dir = _model_dir(step_dir)
-    if model_dir is None:
-        raise EvalError(_no_weights(step_dir))
-    run_dir = step_dir.parent.parent if step_dir.parent.name == "checkpoints" else None
-    return int(match.group(1)), model_dir, run_dir
-
-
-def _model_dir(step_dir: Path) -> Path | None:
-    """The HF model inside a checkpoint: the directory itself (local backend) or verl's actor/huggingface."""
-    for candidate in (step_dir, step_dir / "actor" / "huggingface"):
-        if (candidate / "config.json").is_file() and _has_weights(candidate):
-            return candidate
-    return None
-
-
-def _has_weights(directory: Path) -> bool:
-    return any(any(directory.glob(pattern)) for pattern in _WEIGHT_FILES)
+    raise EvalError(
+        f"{path} is not a run directory (spec.json, checkpoints/), a checkpoint (step_N, global_step_N) "
+        "or an HF model directory (config.json)"
+    )
 
 
 def _no_weights(step_dir: Path) -> str:
-    return (f"{step_dir} holds no HF model weights; for verl runs set actor_rollout_ref.actor.checkpoint.save_contents "
-            "to include hf_model, or merge the checkpoint with `python -m verl.model_merger merge`")  # fmt: skip
-
-
-def find_checkpoints(run_dir: Path) -> dict[int, Path | None]:
-    """Every checkpoint step of a run and its HF model directory (None: saved without HF weights)."""
-    root = Path(run_dir) / "checkpoints"
-    found: dict[int, Path | None] = {}
-    if root.is_dir():
-        for entry in root.iterdir():
-            match = _STEP_DIR.match(entry.name)
-            if match and entry.is_dir():
-                step = int(match.group(1))
-                found[step] = found.get(step) or _model_dir(entry)
-    return dict(sorted(found.items()))
+    return (
+        f"{step_dir} holds no HF model weights; for verl runs set actor_rollout_ref.actor.checkpoint.save_contents "
+        "to include hf_model, or merge the checkpoint with `python -m verl.model_merger merge`"
+    )
 
 
 def _select(run_dir: Path, steps: str) -> list[Checkpoint]:
-    found = find_checkpoints(run_dir)
+    found = rundir.find_checkpoints(run_dir)
     usable = {s: p for s, p in found.items() if p is not None}
     if not found:
         raise EvalError(f"{run_dir} has no checkpoints yet (checkpoints/step_N or checkpoints/global_step_N)")
     wanted = parse_steps(steps)
     if wanted == "all":
         if not usable:
-            raise EvalError(_no_weights(_step_dir(run_dir, max(found))))
+            raise EvalError(_no_weights(rundir.checkpoint_dir(run_dir, max(found))))
         return [Checkpoint(s, p) for s, p in usable.items()]
     if wanted == "last":
         wanted = [max(found)]
     missing = [s for s in wanted if s not in found]
     if missing:
-        raise EvalError(f"{run_dir} has no checkpoint for step {', '.join(map(str, missing))}; "
-                        f"its steps: {', '.join(map(str, found))}")  # fmt: skip
+        raise EvalError(
+            f"{run_dir} has no checkpoint for step {', '.join(map(str, missing))}; "
+            f"its steps: {', '.join(map(str, found))}"
+        )
     for s in wanted:
         if found[s] is None:
-            raise EvalError(_no_weights(_step_dir(run_dir, s)))
+            raise EvalError(_no_weights(rundir.checkpoint_dir(run_dir, s)))
     return [Checkpoint(s, usable[s]) for s in wanted]
 
 
-def _step_dir(run_dir: Path, step: int) -> Path:
-    for name in (f"global_step_{step}", f"step_{step}"):
-        if (run_dir / "checkpoints" / name).is_dir():
-            return run_dir / "checkpoints" / name
-    return run_dir / "checkpoints" / f"step_{step}"
-
-
 def _run_dir_target(run_dir: Path, checkpoints: list[Checkpoint], options: EvalOptions) -> Target:
-    spec_path = run_dir / "spec.json"
+    spec_path = rundir.spec_path(run_dir)
     if not spec_path.is_file():
         return _plain_target(checkpoints[0].path, checkpoints[0].step, options, checkpoints, run_dir)
     try:
@@ -344,12 +247,25 @@ def _run_dir_target(run_dir: Path, checkpoints: list[Checkpoint], options: EvalO
     if records and records[0].id == run_id:
         r = records[0]
         return _target(r.id, r.name, r.sweep, Path(r.run_dir), r.spec, checkpoints, options, known=True)
-    return _target(run_id, validated.run_name, run_dir.parent.name, run_dir, validated.canonical(), checkpoints,
-                   options, known=False)  # fmt: skip
+    return _target(
+        run_id,
+        validated.run_name,
+        run_dir.parent.name,
+        run_dir,
+        validated.canonical(),
+        checkpoints,
+        options,
+        known=False,
+    )
 
 
-def _plain_target(model_dir: Path, step: int, options: EvalOptions, checkpoints: list[Checkpoint] | None = None,
-                  run_dir: Path | None = None) -> Target:  # fmt: skip
+def _plain_target(
+    model_dir: Path,
+    step: int,
+    options: EvalOptions,
+    checkpoints: list[Checkpoint] | None = None,
+    run_dir: Path | None = None,
+) -> Target:
     """A model that belongs to no known run: recorded as a run of its own, named after its directory."""
     origin = run_dir or model_dir
     run_id = "hf-" + hashlib.sha256(str(origin).encode()).hexdigest()[:8]
@@ -359,8 +275,16 @@ def _plain_target(model_dir: Path, step: int, options: EvalOptions, checkpoints:
     return _target(run_id, name, PLAIN_SWEEP, home, None, checkpoints or [Checkpoint(step, model_dir)], options, known)
 
 
-def _target(run_id: str, name: str, sweep: str, run_dir: Path, spec: dict[str, Any] | None,
-            checkpoints: list[Checkpoint], options: EvalOptions, known: bool) -> Target:  # fmt: skip
+def _target(
+    run_id: str,
+    name: str,
+    sweep: str,
+    run_dir: Path,
+    spec: dict[str, Any] | None,
+    checkpoints: list[Checkpoint],
+    options: EvalOptions,
+    known: bool,
+) -> Target:
     return Target(run_id, name, sweep, run_dir, spec, tuple(checkpoints), sampling_for(spec, options), known)
 
 
@@ -396,8 +320,10 @@ def load_benchmark(name: str, data_dir: Path) -> Benchmark:
     if name in files:
         path = Path(data_dir) / files[name]
         if not path.is_file():
-            raise EvalError(f"no {path} for benchmark {name}: write it with `rpg prepare-data {name}` "
-                            f"(or pass --data-dir DIR where it is)")  # fmt: skip
+            raise EvalError(
+                f"no {path} for benchmark {name}: write it with `rpg prepare-data {name}` "
+                f"(or pass --data-dir DIR where it is)"
+            )
         bench_name = name
     elif name.endswith(".parquet") or "/" in name:
         path = Path(name)
@@ -417,17 +343,24 @@ def read_problems(path: Path) -> tuple[tuple[Problem, ...], int]:
     try:
         records = pq.read_table(path, columns=["prompt", "reward_model", "data_source"]).to_pylist()
     except Exception as e:  # pyarrow raises several types for missing columns and bad files
-        raise EvalError(f"{path}: not a verl-format parquet with prompt, reward_model, data_source "
-                        f"({type(e).__name__}); write it with `rpg prepare-data`") from None  # fmt: skip
+        raise EvalError(
+            f"{path}: not a verl-format parquet with prompt, reward_model, data_source "
+            f"({type(e).__name__}); write it with `rpg prepare-data`"
+        ) from None
     unique: dict[str, Problem] = {}
     for row, record in enumerate(records):
         messages, reward = record["prompt"], record["reward_model"] or {}
         if not messages or not all(isinstance(m, dict) and m.get("content") for m in messages):
             raise EvalError(f"{path}: row {row} has no prompt messages; rewrite the file with `rpg prepare-data`")
         if reward.get("ground_truth") in (None, ""):
-            raise EvalError(f"{path}: row {row} has no reward_model.ground_truth; rewrite the file with `rpg prepare-data`")
-        problem = Problem(tuple({"role": m.get("role") or "user", "content": m["content"]} for m in messages),
-                          str(reward["ground_truth"]), str(record["data_source"]))  # fmt: skip
+            raise EvalError(
+                f"{path}: row {row} has no reward_model.ground_truth; rewrite the file with `rpg prepare-data`"
+            )
+        problem = Problem(
+            tuple({"role": m.get("role") or "user", "content": m["content"]} for m in messages),
+            str(reward["ground_truth"]),
+            str(record["data_source"]),
+        )
         unique.setdefault(problem.key, problem)
     if not unique:
         raise EvalError(f"{path} has no rows; write it with `rpg prepare-data`")
