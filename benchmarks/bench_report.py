@@ -21,7 +21,7 @@ import time
 from pathlib import Path
 
 from rpg_cli import report
-from rpg_cli.plan import RunPlan
+from rpg_cli.orchestration.plan import RunPlan
 from rpg_cli.store import open_store
 
 TARGET_S = 1.0

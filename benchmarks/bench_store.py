@@ -19,7 +19,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from rpg_cli.plan import RunPlan
+from rpg_cli.orchestration.plan import RunPlan
 from rpg_cli.store import open_store
 
 INGEST_TARGET_S = 10.0

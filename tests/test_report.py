@@ -16,7 +16,7 @@ from typer.testing import CliRunner
 
 from rpg_cli import report
 from rpg_cli.cli import app
-from rpg_cli.plan import RunPlan
+from rpg_cli.orchestration.plan import RunPlan
 from rpg_cli.store import open_store
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
@@ -300,15 +300,39 @@ def test_training_validation_metrics_feed_the_table(store, fill):
     assert maj.benchmarks == ["amc23"] and row_of(maj, "DAPO").cells[("amc23", "best")].mean == 0.9
 
 
-def test_validation_copied_by_rpg_eval_is_used_under_the_papers_benchmark_names(store, fill):
-    from rpg_cli.evaluation.verl_val import VERL_SCORER, ingest_verl_val_metrics
+def test_validation_logged_before_ingestion_copied_it_is_read_from_the_metrics(tmp_path):
+    """A results.db written before the store copied logged validation into `evals` (schema version 1):
+    the report reads those runs' val-core metrics directly."""
+    import sqlite3
 
-    assert report.VERL_VAL_SCORER == VERL_SCORER
+    db = tmp_path / "results.db"
+    con = sqlite3.connect(db)
+    con.executescript((Path(__file__).resolve().parent / "data" / "results-v1.sql").read_text(encoding="utf-8"))
+    con.close()
+    store = open_store(f"sqlite:///{db}", create=False)
+    try:
+        table = report.build_table(store)
+    finally:
+        store.close()
+    assert table.sources == ["rpg eval (scorer dapo, mean@4): 1 run", "training validation (mean@32): 2 runs"]
+    (row,) = [r for g in table.groups for r in g.rows]
+    assert (row.method, len(row.runs)) == ("RPG-URKL", 3)
+    assert row.cells[("aime24", "last")].mean == 0.25 and row.cells[("aime24", "last")].n == 1
+    assert (row.cells[("aime25", "last")].mean, row.cells[("aime25", "best")].n) == (pytest.approx(0.2), 2)
+
+
+def test_validation_copied_at_ingestion_is_used_under_the_papers_benchmark_names(store, fill):
+    from rpg_cli.store import VERL_VAL_SCORER as VERL_SCORER
+
     copied = fill.run(spec("dapo"))
     fill.metrics(copied, {5: {"val-core/math_dapo/acc/mean@32": 0.2, "val-core/math_dapo/acc/best@32/mean": 0.9,
                               "val-core/math_dapo/acc/maj@32/mean": 0.3, "val-aux/math_dapo/acc/std@32": 0.4},
                           10: {"val-core/math_dapo/acc/mean@32": 0.1}})  # fmt: skip
-    ingest_verl_val_metrics(store, copied, fill.root / f"{copied}.jsonl")
+    with store.engine.connect() as conn:  # the ingestion copied them into evals, under verl's names
+        copies = conn.exec_driver_sql("SELECT step, benchmark, metric, k FROM evals WHERE scorer = ?", (VERL_SCORER,))
+        assert sorted(copies) == [(5, "math_dapo", "best@k/mean", 32), (5, "math_dapo", "maj@k/mean", 32),
+                                  (5, "math_dapo", "mean@k", 32), (5, "math_dapo", "std@k", 32),
+                                  (10, "math_dapo", "mean@k", 32)]  # fmt: skip
     both = fill.run(spec("grpo"))
     fill.evals(both, "aime24", {10: 0.6}, scorer="dapo")
     fill.evals(both, "math_dapo", {10: 0.05}, metric="mean@k", scorer=VERL_SCORER)

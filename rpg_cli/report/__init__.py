@@ -1,0 +1,44 @@
+"""Tables and plots from the results store: the paper's Last/Best tables, training curves, run summaries.
+
+    names    methods, models, contexts and benchmarks as the paper writes them; the rows' order
+    scores   where each run's Last/Best comes from (`rpg eval`, else its logged validation)
+    tables   the Last/Best table as data: rows per method, mean ± std over seeds, ranks, paper numbers
+    render   the table as Markdown, LaTeX, CSV, JSON (the terminal table is the CLI's)
+    plots    training dynamics (matplotlib, imported only when drawing)
+    summary  `rpg runs`: one row per run, filtered by sweep, state and spec
+
+The queries themselves live in the store (rpg_cli.store.queries).
+"""
+
+from rpg_cli.report.names import method_base, method_labels
+from rpg_cli.report.plots import DEFAULT_PLOT_METRICS, plot_training, save_figure, smooth
+from rpg_cli.report.render import FORMAT_BY_SUFFIX, RENDERERS, column_title, to_csv, to_json, to_latex, to_markdown
+from rpg_cli.report.scores import ReportError, scores
+from rpg_cli.report.summary import runs_summary, summary_csv, wall_text
+from rpg_cli.report.tables import Table, build_table, cell_text, fmt, paper_results
+
+__all__ = [
+    "DEFAULT_PLOT_METRICS",
+    "FORMAT_BY_SUFFIX",
+    "RENDERERS",
+    "ReportError",
+    "Table",
+    "build_table",
+    "cell_text",
+    "column_title",
+    "fmt",
+    "method_base",
+    "method_labels",
+    "paper_results",
+    "plot_training",
+    "runs_summary",
+    "save_figure",
+    "scores",
+    "smooth",
+    "summary_csv",
+    "to_csv",
+    "to_json",
+    "to_latex",
+    "to_markdown",
+    "wall_text",
+]

@@ -1,0 +1,141 @@
+"""How the report names things: methods as in the paper (GRPO, RPG-REINFORCE-URKL (clip 0.1/0.1)),
+models, contexts, benchmarks, and the rows' order."""
+
+from __future__ import annotations
+
+import json
+from collections import defaultdict
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from rpg_cli.store import RunRecord
+
+BASE_METHOD_NAMES = {
+    "grpo": "GRPO",
+    "dapo": "DAPO",
+    "reinforce_pp": "REINFORCE++",
+    "reinforce_pp_baseline": "REINFORCE++-Baseline",
+}
+# Rows appear in the paper's order: baselines, then RPG and RPG-REINFORCE by KL variant.
+METHOD_ORDER = [
+    "GRPO",
+    "GRPO-Corrected",
+    "DAPO",
+    "REINFORCE++",
+    "REINFORCE++-Baseline",
+    *(f"RPG-{kl}" for kl in ("FKL", "RKL", "UFKL", "URKL")),
+    *(f"RPG-REINFORCE-{kl}" for kl in ("FKL", "RKL", "UFKL", "URKL")),
+]
+CONTEXT_ORDER = {"2K": 0, "4K": 1, "8K": 2}
+# Spec fields that never name a method: they group rows (model, context), are averaged over (seed)
+# or say where/how a run ran, not what it computed.
+NOT_A_VARIANT = {"seed", "model", "context", "model_max_length", "data", "backend", "resources"}
+OPTIMIZER_NAMES = {"adamw": "AdamW", "schedule_free": "Schedule-Free"}
+
+# verl names validation sets by data_source; the paper's evaluation files use these.
+BENCHMARK_ALIASES = {
+    "math_dapo": "aime24",  # DAPO's AIME 2024 file keeps the training set's data_source
+    "aime2024": "aime24",
+    "aime_2024": "aime24",
+    "aime-2024": "aime24",
+    "aime2025": "aime25",
+    "aime_2025": "aime25",
+    "aime-2025": "aime25",
+    "amc_23": "amc23",
+    "amc2023": "amc23",
+    "amc-23": "amc23",
+}
+BENCHMARK_ORDER = {"aime24": 0, "aime25": 1, "amc23": 2}
+
+
+def benchmark_name(data_source: str) -> str:
+    return BENCHMARK_ALIASES.get(data_source, data_source)
+
+
+def method_base(spec: dict[str, Any]) -> str:
+    """The paper's name of the algorithm a spec runs: GRPO, DAPO, RPG-UFKL, RPG-REINFORCE-URKL, ..."""
+    alg = spec.get("algorithm", "?")
+    if alg == "grpo" and spec.get("kl_correction"):
+        return "GRPO-Corrected"
+    if alg in BASE_METHOD_NAMES:
+        return BASE_METHOD_NAMES[alg]
+    kl = str(spec.get("kl", "")).upper()
+    return {"rpg": f"RPG-{kl}", "rpg_reinforce": f"RPG-REINFORCE-{kl}"}.get(alg, str(alg))
+
+
+def model_name(spec: dict[str, Any]) -> str:
+    """The model as the paper writes it: a hub id without its owner (Qwen/Qwen3-4B -> Qwen3-4B); a
+    local path by its last two parts (data/toy/model -> toy/model), the last alone often says nothing."""
+    model = str(spec.get("model", "?")).rstrip("/")
+    parts = model.split("/")
+    is_hub_id = len(parts) == 2 and not model.startswith((".", "~"))
+    return parts[-1] if is_hub_id or len(parts) == 1 else "/".join(parts[-2:])
+
+
+def context_name(spec: dict[str, Any]) -> str:
+    return str(spec.get("context", "?")).upper()
+
+
+def _variant_fields(spec: dict[str, Any]) -> dict[str, Any]:
+    return {k: v for k, v in spec.items() if k not in NOT_A_VARIANT}
+
+
+def _num(x: Any) -> str:
+    return f"{x:g}" if isinstance(x, (int, float)) and not isinstance(x, bool) else str(x)
+
+
+def _variant_text(key: str, value: Any, others: Sequence[Any]) -> str:
+    if key == "optimizer":
+        return OPTIMIZER_NAMES.get(value, str(value))
+    if key == "clip":
+        if not isinstance(value, dict):
+            return "no clip"
+        text = f"clip {_num(value.get('eps_low'))}/{_num(value.get('eps_high'))}"
+        cs = {o.get("c") for o in others if isinstance(o, dict)}
+        return text + (f" c={_num(value.get('c'))}" if len(cs) > 1 else "")
+    if isinstance(value, dict):
+        return f"{key}=" + ",".join(f"{k}:{_num(v)}" for k, v in sorted(value.items()))
+    return f"{key}={_num(value)}"
+
+
+def method_labels(specs: dict[str, dict[str, Any]]) -> dict[str, str]:
+    """{run id: method label}. The base name, plus the settings that tell apart runs of the same
+    method on the same model and context (optimizer, clip, anything else but the seed):
+    `RPG-REINFORCE-UFKL (clip 0.1/0.1, Schedule-Free)`. Seeds of one setting share a label."""
+    groups: dict[tuple[str, str, str], list[str]] = defaultdict(list)
+    for run_id, spec in specs.items():
+        groups[(method_base(spec), model_name(spec), context_name(spec))].append(run_id)
+    labels = {}
+    for (base, _, _), ids in groups.items():
+        fields = [_variant_fields(specs[i]) for i in ids]
+        keys = sorted({k for f in fields for k in f})
+        varying = [k for k in keys if len({json.dumps(f.get(k), sort_keys=True) for f in fields}) > 1]
+        # optimizer and clip first (the paper's own axes), then the rest alphabetically
+        varying.sort(key=lambda k: ({"clip": 0, "optimizer": 1}.get(k, 2), k))
+        for run_id, f in zip(ids, fields):
+            parts = [_variant_text(k, f.get(k), [g.get(k) for g in fields]) for k in varying]
+            labels[run_id] = f"{base} ({', '.join(parts)})" if parts else base
+    return labels
+
+
+def method_sort_key(label: str) -> tuple[int, str]:
+    base = label.split(" (", 1)[0]
+    return (METHOD_ORDER.index(base) if base in METHOD_ORDER else len(METHOD_ORDER), label)
+
+
+def run_labels(runs: Sequence[RunRecord]) -> dict[str, str]:
+    """A legend label per run: its method, plus model, context and seed where the runs differ in them."""
+    labels = method_labels({r.id: r.spec for r in runs})
+    varies = {k: len({str(r.spec.get(k)) for r in runs}) > 1 for k in ("model", "context", "seed")}
+    out = {}
+    for r in runs:
+        parts = [labels[r.id]]
+        if varies["model"]:
+            parts.append(model_name(r.spec))
+        if varies["context"]:
+            parts.append(context_name(r.spec))
+        if varies["seed"]:
+            parts.append(f"seed {r.spec.get('seed')}")
+        out[r.id] = " · ".join(parts)
+    return out

@@ -1,0 +1,154 @@
+"""Training dynamics from the store: one panel per metric (reward, entropy, response length, KL, the
+validation score per benchmark), one line per run. matplotlib is imported only when a figure is drawn."""
+
+from __future__ import annotations
+
+import io
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from rpg_cli.report.names import BENCHMARK_ORDER, method_sort_key, run_labels
+from rpg_cli.report.scores import VAL_KEY_RE, ReportError, pick_val_keys, select_runs, val_keys
+from rpg_cli.rundir import REWARD_KEY, write_atomic
+
+if TYPE_CHECKING:
+    from matplotlib.figure import Figure
+
+    from rpg_cli.store import Store
+
+# Panel name -> the verl keys it shows, first one any run logged wins (so one panel never mixes two).
+PLOT_METRICS: dict[str, tuple[str, ...]] = {
+    "reward": (REWARD_KEY,),
+    "entropy": ("actor/entropy",),
+    "response_length": ("response_length/mean",),
+    "kl": ("actor/kl_loss", "actor/ppo_kl"),
+}
+PLOT_LABELS = {
+    REWARD_KEY: "reward (mean score)",
+    "actor/entropy": "entropy",
+    "response_length/mean": "response length (tokens)",
+    "actor/kl_loss": "KL loss",
+    "actor/ppo_kl": "KL(π_old ‖ π) (ppo_kl)",
+}
+DEFAULT_PLOT_METRICS = ("reward", "entropy", "response_length", "kl", "val")
+
+
+@dataclass
+class Panel:
+    title: str
+    key: str  # the metrics key it plots
+    ylabel: str
+
+
+def plot_panels(store: Store, run_ids: Sequence[str], metrics: Sequence[str], strict: bool = True) -> list[Panel]:
+    """Resolve panel names (reward, entropy, response_length, kl, val, or any logged key) to keys;
+    `val` becomes one panel per validation benchmark. ReportError when a name has nothing logged
+    (with strict=False: only when none has)."""
+    logged = store.logged_keys(run_ids, {key for name in metrics for key in PLOT_METRICS.get(name, (name,))})
+    panels, missing = [], []
+    for name in metrics:
+        if name == "val":
+            val = pick_val_keys(val_keys(store, run_ids), "mean", None)
+            if not val:
+                missing.append(name)
+            for key, bench in sorted(val.items(), key=lambda kv: (BENCHMARK_ORDER.get(kv[1], 99), kv[1])):
+                stat = VAL_KEY_RE.match(key)
+                panels.append(Panel(f"val {bench}", key, f"{bench} mean@{stat['k']}"))
+            continue
+        key = next((k for k in PLOT_METRICS.get(name, (name,)) if k in logged), None)
+        if key is None:
+            missing.append(name)
+        else:
+            panels.append(Panel(name.replace("_", " "), key, PLOT_LABELS.get(key, key)))
+    if missing and (strict or not panels):
+        raise ReportError(
+            f"nothing logged for {', '.join(missing)}; plottable: " + ", ".join(sorted(_plottable(store, run_ids)))
+        )
+    return panels
+
+
+def _plottable(store: Store, run_ids: Sequence[str]) -> set[str]:
+    logged = store.logged_keys(run_ids, {key for name in PLOT_METRICS for key in PLOT_METRICS[name]})
+    names = {name for name, ks in PLOT_METRICS.items() if logged & set(ks)}
+    return names | ({"val"} if pick_val_keys(val_keys(store, run_ids), "mean", None) else set()) or {"nothing yet"}
+
+
+def smooth(values: Sequence[float], window: int) -> list[float]:
+    """Trailing moving average over `window` points (fewer at the start); window 1 is the identity."""
+    if window <= 1:
+        return list(values)
+    out, total = [], 0.0
+    for i, v in enumerate(values):
+        total += v
+        if i >= window:
+            total -= values[i - window]
+        out.append(total / min(i + 1, window))
+    return out
+
+
+def plot_training(
+    store: Store,
+    sweep: str | None = None,
+    metrics: Sequence[str] = DEFAULT_PLOT_METRICS,
+    smooth_window: int = 1,
+    strict: bool = True,
+) -> Figure:
+    """Training dynamics: one panel per metric (val: per benchmark), one line per run, shared legend
+    below the panels. With strict=False, metrics nobody logged are left out instead of an error.
+    Uses matplotlib's Agg backend (no display needed)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    from matplotlib.figure import Figure
+
+    runs = select_runs(store, sweep)
+    ids = [r.id for r in runs]
+    panels = plot_panels(store, ids, metrics, strict)
+    data = store.series(ids, sorted({p.key for p in panels}))
+    labels = run_labels(runs)
+    order = sorted(runs, key=lambda r: (method_sort_key(labels[r.id].split(" · ")[0]), labels[r.id]))
+    colors = matplotlib.colormaps["tab10" if len(order) <= 10 else "tab20"]
+
+    ncols = min(3, len(panels))
+    nrows = math.ceil(len(panels) / ncols)
+    fig = Figure(figsize=(4.6 * ncols, 3.3 * nrows), layout="constrained")
+    axes = fig.subplots(nrows, ncols, squeeze=False).ravel()
+    for ax, panel in zip(axes, panels):
+        for i, run in enumerate(order):
+            if (run.id, panel.key) not in data:
+                continue
+            steps, values = data[(run.id, panel.key)]
+            ax.plot(
+                steps, smooth(values, smooth_window), label=labels[run.id], color=colors(i % colors.N), linewidth=1.4
+            )
+        ax.set_title(panel.title)
+        ax.set_xlabel("training step")
+        ax.set_ylabel(panel.ylabel)
+        ax.grid(alpha=0.3)
+    for ax in axes[len(panels) :]:
+        ax.set_visible(False)
+    handles, names = [], []
+    for ax in axes[: len(panels)]:
+        for handle, name in zip(*ax.get_legend_handles_labels()):
+            if name not in names:
+                handles.append(handle)
+                names.append(name)
+    fig.legend(handles, names, loc="outside lower center", ncols=min(4, max(1, len(names))), frameon=False)
+    fig.suptitle(
+        f"{sweep or 'all runs'}: training dynamics"
+        + (f" (moving average over {smooth_window} steps)" if smooth_window > 1 else "")
+    )
+    return fig
+
+
+def save_figure(fig: Figure, out_dir: str | Path, stem: str) -> list[Path]:
+    """Write `<out_dir>/<stem>.png` and `.svg` atomically; returns their paths."""
+    paths = []
+    for ext in ("png", "svg"):
+        buf = io.BytesIO()
+        fig.savefig(buf, format=ext, dpi=150 if ext == "png" else None)
+        paths.append(write_atomic(Path(out_dir) / f"{stem}.{ext}", buf.getvalue()))
+    return paths

@@ -1,0 +1,190 @@
+"""The Last/Best table as text: Markdown, LaTeX (booktabs), CSV and JSON. The terminal table is the CLI's."""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+from typing import Any
+
+from rpg_cli.report.tables import WHICH, Table, cell_text, fmt
+
+
+def column_title(bench: str, which: str) -> str:
+    return f"{bench} {which.capitalize()}"
+
+
+def title(table: Table) -> str:
+    return f"{table.sweep or 'all runs'}: {table.metric}, Last/Best over evaluated steps"
+
+
+def to_markdown(table: Table) -> str:
+    """One Markdown table per model and context; best of each column **bold**, second <u>underlined</u>."""
+    out = [f"## {title(table)}", ""]
+    for group in table.groups:
+        header = ["Method", "Seeds"]
+        for bench, which in table.columns:
+            header.append(column_title(bench, which))
+            if table.compare_paper:
+                header += ["paper", "Δ"]
+        out += [
+            f"### {group.model} · {group.context}",
+            "",
+            "| " + " | ".join(header) + " |",
+            "|" + "|".join([":---", "---:"] + ["---:"] * (len(header) - 2)) + "|",
+        ]
+        for row in group.rows:
+            line = [_md_escape(row.method), str(len(row.runs))]
+            for column in table.columns:
+                cell = row.cells[column]
+                text = cell_text(cell)
+                line.append(f"**{text}**" if cell.rank == 1 else f"<u>{text}</u>" if cell.rank == 2 else text)
+                if table.compare_paper:
+                    line += [fmt(cell.paper), fmt(cell.diff, signed=True)]
+            out.append("| " + " | ".join(line) + " |")
+        out.append("")
+    out.append("Sources: " + "; ".join(table.sources) + ".")
+    return "\n".join(out) + "\n"
+
+
+def _md_escape(text: str) -> str:
+    return text.replace("|", "\\|")
+
+
+_LATEX_SPECIAL = {
+    "&": r"\&",
+    "%": r"\%",
+    "$": r"\$",
+    "#": r"\#",
+    "_": r"\_",
+    "{": r"\{",
+    "}": r"\}",
+    "~": r"\textasciitilde{}",
+    "^": r"\textasciicircum{}",
+    "\\": r"\textbackslash{}",
+}
+
+
+def latex_escape(text: str) -> str:
+    return "".join(_LATEX_SPECIAL.get(ch, ch) for ch in text)
+
+
+def to_latex(table: Table) -> str:
+    """A booktabs `table` environment: one row per method, a group header per model and context."""
+    per_column = 3 if table.compare_paper else 1
+    ncols = 2 + per_column * len(table.columns)
+    spec = "lr" + "c" * (ncols - 2)
+    lines = [
+        "% needs \\usepackage{booktabs}",
+        "\\begin{table}[t]",
+        "\\centering",
+        f"\\caption{{{latex_escape(title(table))}}}",
+        f"\\begin{{tabular}}{{{spec}}}",
+        "\\toprule",
+    ]
+    top = [" ", " "] + [f"\\multicolumn{{{2 * per_column}}}{{c}}{{{latex_escape(b)}}}" for b in table.benchmarks]
+    lines.append(" & ".join(top) + " \\\\")
+    second = ["Method", "Seeds"]
+    for _, which in table.columns:
+        second.append(which.capitalize())
+        if table.compare_paper:
+            second += ["Paper", "$\\Delta$"]
+    lines.append(" & ".join(second) + " \\\\")
+    for group in table.groups:
+        lines.append("\\midrule")
+        lines.append(
+            f"\\multicolumn{{{ncols}}}{{l}}{{\\textit{{{latex_escape(group.model)}, {latex_escape(group.context)}}}}} \\\\"
+        )
+        for row in group.rows:
+            cells = [latex_escape(row.method), str(len(row.runs))]
+            for column in table.columns:
+                cell = row.cells[column]
+                text = (
+                    "--"
+                    if cell.mean is None
+                    else fmt(cell.mean) + (f" $\\pm$ {fmt(cell.std)}" if cell.std is not None else "")
+                )
+                cells.append(
+                    f"\\textbf{{{text}}}" if cell.rank == 1 else f"\\underline{{{text}}}" if cell.rank == 2 else text
+                )
+                if table.compare_paper:
+                    cells += [
+                        fmt(cell.paper).replace("-", "--"),
+                        "--" if cell.diff is None else f"${fmt(cell.diff, signed=True)}$",
+                    ]
+            lines.append(" & ".join(cells) + " \\\\")
+    lines += ["\\bottomrule", "\\end{tabular}", "\\end{table}"]
+    return "\n".join(lines) + "\n"
+
+
+def table_records(table: Table) -> list[dict[str, Any]]:
+    """One flat dict per row: model, context, method, seeds, runs, then per benchmark and Last/Best
+    the mean, std, rank (and paper, diff with --compare-paper)."""
+    records = []
+    for group in table.groups:
+        for row in group.rows:
+            rec: dict[str, Any] = {
+                "model": group.model,
+                "context": group.context,
+                "method": row.method,
+                "seeds": len(row.runs),
+                "runs": " ".join(row.runs),
+            }
+            for (bench, which), cell in row.cells.items():
+                prefix = f"{bench}_{which}"
+                rec[f"{prefix}_mean"], rec[f"{prefix}_std"], rec[f"{prefix}_rank"] = cell.mean, cell.std, cell.rank
+                if table.compare_paper:
+                    rec[f"{prefix}_paper"], rec[f"{prefix}_diff"] = cell.paper, cell.diff
+            records.append(rec)
+    return records
+
+
+def to_csv(table: Table) -> str:
+    records = table_records(table)
+    buf = io.StringIO()
+    if records:
+        writer = csv.DictWriter(buf, fieldnames=list(records[0]), lineterminator="\n")
+        writer.writeheader()
+        for rec in records:
+            writer.writerow({k: "" if v is None else v for k, v in rec.items()})
+    return buf.getvalue()
+
+
+def to_json(table: Table) -> str:
+    doc = {
+        "sweep": table.sweep,
+        "metric": table.metric,
+        "benchmarks": table.benchmarks,
+        "sources": table.sources,
+        "groups": [
+            {
+                "model": g.model,
+                "context": g.context,
+                "rows": [
+                    {
+                        "method": row.method,
+                        "base": row.base,
+                        "paper_method": row.paper_method,
+                        "runs": row.runs,
+                        "cells": {
+                            bench: {
+                                which: {
+                                    k: getattr(row.cells[(bench, which)], k)
+                                    for k in ("mean", "std", "n", "rank", "paper", "diff")
+                                }
+                                for which in WHICH
+                            }
+                            for bench in table.benchmarks
+                        },
+                    }
+                    for row in g.rows
+                ],
+            }
+            for g in table.groups
+        ],
+    }
+    return json.dumps(doc, indent=2) + "\n"
+
+
+RENDERERS = {"markdown": to_markdown, "latex": to_latex, "csv": to_csv, "json": to_json}
+FORMAT_BY_SUFFIX = {".md": "markdown", ".markdown": "markdown", ".tex": "latex", ".csv": "csv", ".json": "json"}

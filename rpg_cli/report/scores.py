@@ -1,0 +1,194 @@
+"""Where a score comes from, and which one the report shows: the Last/Best of a metric per run and
+benchmark, from `rpg eval` (the `evals` table), else from the validation the trainer logged (copied
+into `evals` under VERL_VAL_SCORER at ingestion, else read from `metrics`). The store runs the queries;
+this module decides what to ask."""
+
+from __future__ import annotations
+
+import re
+from collections import defaultdict
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from rpg_cli.report.names import benchmark_name
+from rpg_cli.store.ingest import VERL_VAL_SCORER
+
+if TYPE_CHECKING:
+    from rpg_cli.store import RunRecord, Store
+
+
+class ReportError(RuntimeError):
+    """Input the report cannot use (no runs, unknown sweep, metric nobody logged); one-line message."""
+
+
+def select_runs(store: Store, sweep: str | None = None) -> list[RunRecord]:
+    """The runs a report covers (a sweep's, or all); ReportError naming what exists when there are none."""
+    runs = store.runs(sweep=sweep)
+    if runs:
+        return runs
+    if sweep is not None and (sweeps := store.sweeps()):
+        raise ReportError(f"no sweep {sweep!r} in the results store; sweeps: {', '.join(sweeps)}")
+    raise ReportError("the results store has no runs yet; run `rpg sweep SPEC` first (or pass --db URL)")
+
+
+_METRIC_RE = re.compile(r"^(mean|pass|maj)(?:@(k|\d+))?$")
+# verl: val-core/<data_source>/<var>/mean@N and maj@N/mean. Its best@N is a bootstrap estimate, biased
+# low, so it is never shown as pass@k: pass@k comes from `rpg eval` only.
+VAL_KEY_RE = re.compile(r"^val-core/(?P<source>.+)/(?P<var>[^/]+)/(?P<stat>mean|maj)@(?P<k>\d+)(?:/mean)?$")
+# Under VERL_VAL_SCORER the store keeps the validation scores a run logged itself, with verl's metric names.
+_VERL_VAL_METRICS = {"mean@k": "mean", "maj@k/mean": "maj"}
+
+
+def parse_metric(metric: str) -> tuple[str, int | None]:
+    """'mean@32' -> ('mean', 32); 'pass@k' or 'pass' -> ('pass', None): the largest k logged."""
+    m = _METRIC_RE.match(metric.strip())
+    if not m:
+        raise ReportError(
+            f"unknown metric {metric!r}; allowed: mean@K, pass@K, maj@K (K a number, or k for the largest logged)"
+        )
+    k = m.group(2)
+    return m.group(1), None if k in (None, "k") else int(k)
+
+
+@dataclass(frozen=True)
+class Score:
+    last: float | None  # the value at the run's final evaluated step
+    best: float | None  # the maximum over its evaluated steps
+    last_step: int
+    steps: int  # how many evaluated steps
+    first_step: int | None = None
+    first: float | None = None  # the value at the first evaluated step (step 0: the starting policy)
+
+
+@dataclass
+class Scores:
+    """Per-run, per-benchmark Last/Best of one metric, and where they came from."""
+
+    values: dict[str, dict[str, Score]]  # run id -> benchmark -> score
+    sources: list[str]  # human-readable: "rpg eval (scorer dapo, mean@32): 12 runs"
+    metric: str  # the resolved name, e.g. mean@32 (or mean@32/mean@4 when sources differ)
+
+
+def _eval_stat(metric: str, scorer: str) -> str | None:
+    """The table statistic (mean, pass, maj) an `evals` row holds; None for the others (std@k, ...)."""
+    if scorer == VERL_VAL_SCORER:
+        return _VERL_VAL_METRICS.get(metric)
+    m = _METRIC_RE.match(metric)
+    return m.group(1) if m else None
+
+
+def _eval_names(stat: str, k: int, scorer: str) -> list[str]:
+    if scorer == VERL_VAL_SCORER:
+        return [name for name, s in _VERL_VAL_METRICS.items() if s == stat]
+    return [f"{stat}@k", f"{stat}@{k}", stat]
+
+
+def available_metrics(store: Store, run_ids: Sequence[str]) -> list[str]:
+    """Every `stat@k` some run has a score for, from evals or logged validation metrics."""
+    return sorted(
+        {f"{s}@{k}" for s, k, _ in _eval_combos(store, run_ids)} | {f"{s}@{k}" for s, k in _val_combos(store, run_ids)}
+    )
+
+
+def _eval_combos(store: Store, run_ids: Sequence[str]) -> set[tuple[str, int, str]]:
+    """(stat, k, scorer) of the table statistics in `evals` for these runs."""
+    return {
+        (stat, k, scorer)
+        for metric, k, scorer in store.eval_combos(run_ids)
+        if (stat := _eval_stat(metric, scorer)) is not None
+    }
+
+
+def val_keys(store: Store, run_ids: Sequence[str]) -> list[str]:
+    """Every val-core/... key logged by any of the runs."""
+    return store.metric_keys(run_ids, "val-core/")
+
+
+def _val_combos(store: Store, run_ids: Sequence[str]) -> set[tuple[str, int]]:
+    out = set()
+    for key in val_keys(store, run_ids):
+        if (m := VAL_KEY_RE.match(key)) is not None:
+            out.add((m["stat"], int(m["k"])))
+    return out
+
+
+def scores(store: Store, run_ids: Sequence[str], metric: str = "mean@k") -> Scores:
+    """Last and Best of `metric` for each run and benchmark, from the best source each run has:
+    `rpg eval` scores (the scorer with the most rows when there are several), else its logged
+    validation metrics (as the store copied them into `evals`, else straight from `metrics`).
+    ReportError listing what exists when no run has the metric."""
+    stat, k = parse_metric(metric)
+    run_ids = list(run_ids)
+    values: dict[str, dict[str, Score]] = {}
+    sources, resolved = [], []
+    combos = [c for c in _eval_combos(store, run_ids) if c[0] == stat and (k is None or c[1] == k)]
+
+    own = [c for c in combos if c[2] != VERL_VAL_SCORER]
+    if own:
+        k_eval = k if k is not None else max(c[1] for c in own)
+        scorer = _most_rows_scorer(store, run_ids, stat, k_eval, sorted({c[2] for c in own if c[1] == k_eval}))
+        found_rows = store.last_and_best_evals(run_ids, _eval_names(stat, k_eval, scorer), k_eval, scorer)
+        for run_id, bench, last_step, n, last, best, first_step, first in found_rows:
+            values.setdefault(run_id, {})[bench] = Score(last, best, last_step, n, first_step, first)
+        sources.append(f"rpg eval (scorer {scorer}, {stat}@{k_eval}): {runs_text(len(values))}")
+        resolved.append(f"{stat}@{k_eval}")
+
+    rest = [r for r in run_ids if r not in values]
+    copied = [c for c in combos if c[2] == VERL_VAL_SCORER]
+    if rest and copied:
+        k_val = k if k is not None else max(c[1] for c in copied)
+        found: set[str] = set()
+        found_rows = store.last_and_best_evals(rest, _eval_names(stat, k_val, VERL_VAL_SCORER), k_val, VERL_VAL_SCORER)
+        for run_id, source, last_step, n, last, best, first_step, first in found_rows:
+            values.setdefault(run_id, {})[benchmark_name(source)] = Score(last, best, last_step, n, first_step, first)
+            found.add(run_id)
+        if found:
+            sources.append(f"training validation ({stat}@{k_val}): {runs_text(len(found))}")
+            resolved.append(f"{stat}@{k_val}")
+
+    rest = [r for r in run_ids if r not in values]
+    by_key = pick_val_keys(val_keys(store, rest), stat, k) if rest else {}
+    if by_key:
+        found = set()
+        for run_id, key, last_step, n, last, best, first_step, first in store.last_and_best_metrics(rest, list(by_key)):
+            values.setdefault(run_id, {})[by_key[key]] = Score(last, best, last_step, n, first_step, first)
+            found.add(run_id)
+        label = "/".join(f"{stat}@{kk}" for kk in sorted({int(VAL_KEY_RE.match(key)["k"]) for key in by_key}))
+        sources.append(f"training validation ({label}): {runs_text(len(found))}")
+        resolved.append(label)
+    if not values:
+        have = available_metrics(store, run_ids)
+        if have:
+            raise ReportError(f"no run has {metric} scores; logged: {', '.join(have)} (pass one with --metric)")
+        raise ReportError(
+            "no evaluation scores yet: no `rpg eval` results and no val-core metrics logged for these runs; "
+            "run `rpg eval RUN` (or train with validation on)"
+        )
+    return Scores(values, sources, "/".join(dict.fromkeys(resolved)))
+
+
+def runs_text(n: int) -> str:
+    return f"{n} run" if n == 1 else f"{n} runs"
+
+
+def _most_rows_scorer(store: Store, run_ids: list[str], stat: str, k: int, scorers: list[str]) -> str:
+    if len(scorers) == 1:
+        return scorers[0]
+    counts = store.eval_row_counts(run_ids, k, scorers, _eval_names(stat, k, ""))
+    return max(scorers, key=lambda s: (counts.get(s, 0), s == scorers[0]))
+
+
+def pick_val_keys(keys: Iterable[str], stat: str, k: int | None) -> dict[str, str]:
+    """{val-core key: benchmark} for one stat: per data source the 'acc' variable when logged (verl's
+    core variable; else the first), and the wanted k (else the largest logged)."""
+    found: dict[str, list[tuple[str, int, str]]] = defaultdict(list)
+    for key in keys:
+        m = VAL_KEY_RE.match(key)
+        if m and m["stat"] == stat and (k is None or int(m["k"]) == k):
+            found[m["source"]].append((m["var"], int(m["k"]), key))
+    out = {}
+    for source, options in found.items():
+        var = "acc" if any(v == "acc" for v, _, _ in options) else sorted(v for v, _, _ in options)[0]
+        out[max((kk, key) for v, kk, key in options if v == var)[1]] = benchmark_name(source)
+    return out
