@@ -1,10 +1,12 @@
-"""The `rpg` command line: parse, call a module, render. No logic lives here.
+"""The `rpg` command line: parse, call one function, render. No logic lives here.
 
-Heavy packages (torch, ray, verl, transformers) are imported inside the commands that need them,
-so that `rpg --help` and `rpg sweep --dry-run` answer at once.
+Heavy packages (torch, ray, verl, transformers, SQLAlchemy) are imported inside the commands that need
+them, so that `rpg --help` and `rpg sweep --dry-run` answer at once.
 """
 
 from __future__ import annotations
+
+import inspect
 
 import typer
 
@@ -23,21 +25,39 @@ app = typer.Typer(
 )
 
 
-@app.command("prepare-data")
+def _command(name: str | None = None):
+    """`app.command`, with the docstring as help that wraps to the terminal: each paragraph becomes
+    one line (rich wraps it), indented blocks (the examples) stay line by line."""
+
+    def register(function):
+        paragraphs = inspect.cleandoc(function.__doc__ or "").split("\n\n")
+        text = "\n\n".join(p if p.startswith(" ") else " ".join(p.split()) for p in paragraphs)
+        return app.command(name, help=text)(function)
+
+    return register
+
+
+_DB_HELP = "Results store: a SQLAlchemy URL or a SQLite file path (default sqlite:///runs/results.db)."
+_ADDRESS_HELP = "Ray cluster (dashboard URL or head address); default: $RAY_ADDRESS, else the local head under --runs-dir."
+_RUNS_DIR_HELP = "Root of the run directories; the local Ray head keeps its files in PATH/ray."
+_STATUS_STYLE = {"pending": "dim", "submitted": "cyan", "running": "blue", "succeeded": "green", "failed": "red", "stopped": "yellow"}
+
+
+@_command("prepare-data")
 def prepare_data(
     sources: list[str] = typer.Argument(None, metavar="SOURCE", show_default=False, help="Presets dapo-math-17k, aime24, aime25, amc23 (default: all four); PRESET=FILE or PRESET=hf:OWNER/NAME:CONFIG@SPLIT reads another copy."),
     out: str = typer.Option("data", "--out", "-o", metavar="DIR", help="Directory for the parquet files."),
     from_origin: str = typer.Option(None, "--from", metavar="FILE|hf:ID", help="Read the one preset named from this local file or hub dataset (same as PRESET=FILE)."),
-    input_file: str = typer.Option(None, "--input", "-i", metavar="FILE", help="Any local .jsonl/.json/.csv/.tsv/.parquet file of problems, written as NAME.parquet."),
-    name: str = typer.Option(None, "--name", help="Name of the --input set: output NAME.parquet, data_source NAME (default: the file's stem)."),
-    data_source: str = typer.Option(None, "--data-source", help="data_source of the --input rows (default: NAME); it picks verl's reward function and names the metrics."),
-    question_field: str = typer.Option(None, "--question-field", metavar="FIELD", help="Field holding the problem; dotted paths reach into structs (extra_info.raw_problem). Default: auto-detect."),
-    answer_field: str = typer.Option(None, "--answer-field", metavar="FIELD", help="Field holding the final answer (reward_model.ground_truth, ...). Default: auto-detect."),
+    input_file: str = typer.Option(None, "--input", "-i", metavar="FILE", help="Any local file of problems (.jsonl, .json, .csv, .tsv, .parquet), written as NAME.parquet."),
+    name: str = typer.Option(None, "--name", metavar="NAME", help="Name of the --input set: output NAME.parquet, data_source NAME (default: the file's stem)."),
+    data_source: str = typer.Option(None, "--data-source", metavar="NAME", help="data_source of the --input rows (default: NAME); it picks verl's reward function and names the metrics."),
+    question_field: str = typer.Option(None, "--question-field", metavar="FIELD", help="Field holding the problem (default: auto-detect); dotted paths reach into structs, as in extra_info.raw_problem"),
+    answer_field: str = typer.Option(None, "--answer-field", metavar="FIELD", help="Field holding the final answer (default: auto-detect), as in reward_model.ground_truth"),
     repeat: int = typer.Option(None, "--repeat", "-k", min=1, metavar="K", help="Copies of each evaluation problem, for accuracy@K (default: 32 for the AIME/AMC presets, 1 for --input). The training set is never repeated."),
-    english_only: bool = typer.Option(None, "--english-only/--any-language", show_default=False, help="Drop problems written mostly in non-Latin scripts (default: on for dapo-math-17k only)."),
-    dedup: bool = typer.Option(True, "--dedup/--no-dedup", help="Drop repeated problems (equal up to case, whitespace and Unicode form)."),
-    strict: bool = typer.Option(False, "--strict", help="Stop on any malformed row (empty question, missing answer) and write nothing, instead of skipping it."),
-    toy: bool = typer.Option(False, "--toy", help="Instead, write the local backend's toy task and tiny model (no download) to OUT/toy: model/, train.parquet, val.parquet."),
+    english_only: bool = typer.Option(None, "--english-only/--any-language", show_default=False, metavar="", help="Drop problems written mostly in non-Latin scripts (default: on for dapo-math-17k only)."),
+    dedup: bool = typer.Option(True, "--dedup/--no-dedup", metavar="", help="Drop repeated problems (equal up to case, whitespace and Unicode form)."),
+    strict: bool = typer.Option(False, "--strict", metavar="", help="Stop on any malformed row (empty question, missing answer) and write nothing, instead of skipping it."),
+    toy: bool = typer.Option(False, "--toy", metavar="", help="Instead, write the local backend's toy task and tiny model (no download) to OUT/toy: model/, train.parquet, val.parquet."),
 ) -> None:
     """Write verl-format parquet for training (DAPO-Math-17k) and evaluation (AIME24/25, AMC23).
 
@@ -46,20 +66,27 @@ def prepare_data(
     = copy number). A table shows, per source, the rows read, dropped (and why) and written.
     Everything is read before anything is written; files are replaced atomically.
 
-    Examples:
-
-      rpg prepare-data                                  # all four presets from the Hub into data/
-      rpg prepare-data aime24 aime25 amc23 --repeat 16  # evaluation sets only, Mean@16
-      rpg prepare-data aime24=aime24.jsonl              # a local copy (offline machines)
-      rpg prepare-data dapo-math-17k --from dapo-math-17k.parquet
-      rpg prepare-data dapo-math-17k=hf:open-r1/DAPO-Math-17k-Processed:en
-      rpg prepare-data --input mine.csv --question-field q --answer-field a --name mine -k 8
-      rpg prepare-data --toy                            # the local backend's toy task + tiny model in data/toy/
-
     Sources: dapo-math-17k (BytedTsinghua-SIA/DAPO-Math-17k, English only, deduplicated, data_source
     math_dapo), aime24 (HuggingFaceH4/aime_2024, math_dapo), aime25 (math-ai/aime25, aime2025),
     amc23 (math-ai/amc23, amc_23). Fields of local files are auto-detected (problem, question,
     prompt, ... / answer, reward_model.ground_truth, ...); verl files are unwrapped to raw problems.
+
+    Examples:
+
+      # all four presets from the Hub into data/
+      rpg prepare-data
+
+      # the evaluation sets only, for Mean@16
+      rpg prepare-data aime24 aime25 amc23 --repeat 16
+
+      # local copies (offline machines), another hub copy, any file of problems
+      rpg prepare-data aime24=aime24.jsonl
+      rpg prepare-data dapo-math-17k --from dapo-math-17k.parquet
+      rpg prepare-data dapo-math-17k=hf:open-r1/DAPO-Math-17k-Processed:en
+      rpg prepare-data --input mine.csv --question-field q --answer-field a -k 8
+
+      # the local backend's toy task and tiny model in data/toy/
+      rpg prepare-data --toy
     """
     from pathlib import Path
 
@@ -115,30 +142,36 @@ def _print_prepare_summary(reports: list) -> None:
     Console(width=None if sys.stdout.isatty() else 200).print(table, highlight=False)
 
 
-@app.command()
+@_command()
 def sweep(
-    spec: str = typer.Argument(..., help="Sweep YAML: name, base, grid, include/exclude, seeds."),
-    dry_run: bool = typer.Option(False, "--dry-run", help="Print the plan (runs, their state in the store) and write nothing."),
+    spec: str = typer.Argument(..., metavar="SPEC", help="Sweep YAML: name, base, grid, include/exclude, seeds."),
+    dry_run: bool = typer.Option(False, "--dry-run", metavar="", help="Print the plan (runs, their state in the store) and write nothing."),
     output_format: str = typer.Option("table", "--format", metavar="table|json", help="Plan output: a table, or JSON (id, name, spec, state, entrypoint)."),
     db: str = typer.Option("sqlite:///runs/results.db", "--db", metavar="URL", help="Results store (any SQLAlchemy URL)."),
     runs_dir: str = typer.Option("runs", "--runs-dir", metavar="PATH", help="Root of the run directories: PATH/<sweep>/<run>/."),
     backend: str = typer.Option(None, "--backend", metavar="verl|local", help="Run every cell on this backend instead of the spec's."),
-    detach: bool = typer.Option(False, "--detach", help="Submit and return at once instead of following progress."),
-    retry_failed: bool = typer.Option(False, "--retry-failed", help="Resubmit runs that failed or were stopped."),
+    detach: bool = typer.Option(False, "--detach", metavar="", help="Submit and return at once instead of following progress."),
+    retry_failed: bool = typer.Option(False, "--retry-failed", metavar="", help="Resubmit runs that failed or were stopped."),
     address: str = typer.Option(None, "--address", envvar="RAY_ADDRESS", metavar="ADDR", help="Ray cluster (e.g. http://head:8265). Default: a local head bound to 127.0.0.1, started on first use, its files under --runs-dir."),
 ) -> None:
     """Expand a sweep spec into runs and submit one Ray job per run (or --dry-run to see the plan).
 
-    Each run gets runs/<sweep>/<run>/ (spec.json, metrics.jsonl, checkpoints/, job.log) and a row in the
-    results store; progress is followed live until every run has finished (Ctrl-C leaves the jobs
+    Each run gets runs/<sweep>/<run>/ (spec.json, metrics.jsonl, checkpoints/, job.log) and a row in
+    the results store; progress is followed live until every run has finished (Ctrl-C leaves the jobs
     running: the same command re-attaches). Re-running a sweep skips succeeded runs, re-attaches to
     live ones, and resubmits failed ones only with --retry-failed.
 
     Examples:
 
-      rpg sweep experiments/smoke.yaml                       # CPU grid on a local Ray head
-      rpg sweep experiments/paper-qwen3-4b.yaml --dry-run    # the 20 runs, their state, nothing written
-      rpg sweep experiments/paper-qwen3-4b.yaml --address http://head:8265 --detach
+      # the CPU grid, on a local Ray head
+      rpg sweep experiments/smoke.yaml
+
+      # the 20 runs of a paper grid and their state; nothing is written
+      rpg sweep experiments/paper-qwen3-4b.yaml --dry-run
+
+      # on a GPU cluster, without waiting for the runs to finish
+      rpg sweep experiments/paper-qwen3-4b.yaml --address http://head:8265 \\
+          --detach
     """
     if output_format not in ("table", "json"):
         raise typer.BadParameter(f"{output_format!r}; allowed: table, json", param_hint="--format")
@@ -146,21 +179,21 @@ def sweep(
         raise typer.BadParameter(f"{backend!r}; allowed: verl, local", param_hint="--backend")
     from pathlib import Path
 
-    from rpg_cli.plan import known_states, plan_sweep
+    from rpg_cli.orchestration.plan import known_states, plan_sweep
     from rpg_cli.spec import SpecError, load_sweep
 
     try:
         plans = plan_sweep(load_sweep(spec), Path(runs_dir), backend=backend)
     except SpecError as e:
         _fail("sweep", e)
-    try:
-        states = known_states(db, [p.id for p in plans])
-    except Exception as e:  # a store we cannot read must not hide the plan
-        typer.echo(f"rpg sweep: cannot read run states from {db} ({type(e).__name__}: {e}); showing them as unknown", err=True)
-        states = {p.id: "unknown" for p in plans}
     if not dry_run:
         _watch_sweep(plans, plans[0].sweep, db, address=address, detach=detach, retry_failed=retry_failed, runs_dir=runs_dir)
         return
+    try:
+        states = known_states(db, plans)
+    except Exception as e:  # a store we cannot read must not hide the plan
+        typer.echo(f"rpg sweep: cannot read run states from {db} ({type(e).__name__}: {e}); showing them as unknown", err=True)
+        states = {p.id: "unknown" for p in plans}
     if output_format == "json":
         import json
 
@@ -171,13 +204,9 @@ def sweep(
 
 
 def _print_sweep_plan(plans: list, states: dict[str, str], retry_failed: bool) -> None:
-    import sys
-    from collections import Counter
-
-    from rich.console import Console
     from rich.table import Table
 
-    from rpg_cli.plan import run_action
+    from rpg_cli.orchestration.plan import summarize
 
     table = Table(title=f"sweep {plans[0].sweep}" if plans else "sweep", show_lines=False)
     for column in ("name", "id", "algorithm", "kl", "clip", "optimizer", "context", "seed", "state"):
@@ -187,39 +216,36 @@ def _print_sweep_plan(plans: list, states: dict[str, str], retry_failed: bool) -
         clip_text = f"{clip['eps_low']:g}/{clip['eps_high']:g} c={clip['c']:g}" if clip else "off"
         table.add_row(p.name, p.id, p.spec["algorithm"], p.spec["kl"], clip_text, p.spec["optimizer"],
                       p.spec["context"], str(p.spec["seed"]), states[p.id])
-    console = Console(width=None if sys.stdout.isatty() else 200)  # pipes get whole rows
+    console = _console()
     console.print(table)
-    actions = Counter(run_action(states[p.id], retry_failed) for p in plans)
-    # GPUs the runs train on (a verl job's driver reserves none itself: its workers hold them)
-    gpus = sum(p.spec["resources"]["nodes"] * p.spec["resources"]["gpus_per_node"]
-               for p in plans if run_action(states[p.id], retry_failed) == "submit")
+    n = summarize(plans, states, retry_failed)
     console.print(
-        f"{len(plans)} runs: {actions['submit']} to submit ({gpus:g} GPUs), {actions['attach']} live to re-attach, "
-        f"{actions['done']} succeeded, {actions['skip']} failed/stopped skipped"
-        + ("" if retry_failed or not actions["skip"] else " (--retry-failed resubmits them)")
+        f"{n.runs} runs: {n.submit} to submit ({n.gpus:g} GPUs), {n.attach} live to re-attach, "
+        f"{n.done} succeeded, {n.skip} failed/stopped skipped"
+        + ("" if retry_failed or not n.skip else " (--retry-failed resubmits them)")
         + ". Dry run: nothing was written.",
         highlight=False,
     )
 
 
-@app.command("eval")
+@_command("eval")
 def evaluate(
     ref: str = typer.Argument(..., metavar="RUN_OR_CHECKPOINT", help="A run (id, id prefix, name), a sweep (all its runs), a run directory, one checkpoint (step_N, global_step_N) or any HF model directory."),
     benchmarks: str = typer.Option("aime24,aime25,amc23", "--benchmarks", "-b", metavar="NAME|FILE,...", help="Presets aime24, aime25, amc23 (their files in --data-dir) and/or prepared .parquet files."),
     k: int = typer.Option(None, "--k", "-k", min=1, metavar="K", help="Samples per problem (default: the run's val.n; 32 for a bare model)."),
     steps: str = typer.Option("last", "--steps", metavar="last|all|N,M", help="Which checkpoints of a run."),
-    scorer: str = typer.Option("dapo", "--scorer", metavar="dapo|math_verify", help="dapo: the paper's Answer: rule; math_verify: symbolic equivalence."),
+    scorer: str = typer.Option("dapo", "--scorer", metavar="SCORER", help="dapo (the paper's Answer: rule) or math_verify (symbolic equivalence)."),
     data_dir: str = typer.Option("data", "--data-dir", metavar="DIR", help="Where `rpg prepare-data` wrote the benchmark files."),
-    db: str = typer.Option(None, "--db", metavar="URL", help="Results store: a SQLAlchemy URL or a SQLite file path (default sqlite:///runs/results.db)."),
+    db: str = typer.Option(None, "--db", metavar="URL", help=_DB_HELP),
     address: str = typer.Option(None, "--address", metavar="ADDRESS", help="Ray cluster to run the evaluation job on; default: $RAY_ADDRESS, else the local head under --runs-dir."),
-    local: bool = typer.Option(False, "--local", help="Evaluate in this process instead of as a Ray job."),
+    local: bool = typer.Option(False, "--local", metavar="", help="Evaluate in this process instead of as a Ray job."),
     runs_dir: str = typer.Option("runs", "--runs-dir", metavar="PATH", help="Root of the run directories (bare models are recorded under PATH/checkpoints/)."),
     engine: str = typer.Option("auto", "--engine", metavar="auto|vllm|hf", help="auto: vLLM when installed and a GPU is present, else transformers."),
-    temperature: float = typer.Option(None, "--temperature", min=0.0, help="Default: the run's val.temperature."),
-    top_p: float = typer.Option(None, "--top-p", help="Default: the run's val.top_p."),
-    max_tokens: int = typer.Option(None, "--max-tokens", min=1, help="Response budget; default: the run's context (its response length)."),
-    seed: int = typer.Option(0, "--seed", help="Sampling seed (each problem draws from its own seed derived from it)."),
-    gpus: float = typer.Option(None, "--gpus", min=0.0, help="GPUs the Ray job reserves (default: 1 when the run trained on GPUs, else 0)."),
+    temperature: float = typer.Option(None, "--temperature", min=0.0, metavar="T", help="Default: the run's val.temperature."),
+    top_p: float = typer.Option(None, "--top-p", metavar="P", help="Default: the run's val.top_p."),
+    max_tokens: int = typer.Option(None, "--max-tokens", min=1, metavar="N", help="Response budget; default: the run's context (its response length)."),
+    seed: int = typer.Option(0, "--seed", metavar="N", help="Sampling seed (each problem draws from its own seed derived from it)."),
+    gpus: float = typer.Option(None, "--gpus", min=0.0, metavar="N", help="GPUs the Ray job reserves (default: 1 when the run trained on GPUs, else 0)."),
 ) -> None:
     """Score checkpoints on AIME24/AIME25/AMC23: k samples per problem, mean@k, pass@k (unbiased), maj@k, std@k.
 
@@ -230,59 +256,52 @@ def evaluate(
 
     Examples:
 
+      # every checkpoint of a run, with its own validation settings
       rpg eval rpg_reinforce-urkl-clip0.2_0.28-adamw-4k-s0-1a2b3c4d --steps all
-      rpg eval runs/paper/RUN/checkpoints/global_step_400 -b aime25 --k 32 --scorer math_verify
+
+      # one verl checkpoint on AIME 2025, 32 samples, the symbolic scorer
+      rpg eval runs/paper/RUN/checkpoints/global_step_400 -b aime25 --k 32 \\
+          --scorer math_verify
+
+      # any HF model on AMC23 and a file of your own, in this process
       rpg eval Qwen2.5-Math-7B/ -b amc23,data/mine.parquet --local
     """
-    from pathlib import Path
-
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-    from rpg_cli.evaluation import EvalError, EvalOptions, plan_eval
-    from rpg_cli.evaluation.pipeline import eval_results, run_eval, scored_count
-    from rpg_cli.store import DEFAULT_DB_URL, StoreError, open_store
+    from rpg_cli.evaluation.job import JobFailed
+    from rpg_cli.evaluation.job import evaluate as run_evaluation
+    from rpg_cli.evaluation.options import EvalError, EvalOptions
+    from rpg_cli.orchestration.head import ClusterError
+    from rpg_cli.store import DEFAULT_DB_URL, StoreError
 
-    options = EvalOptions(ref=ref, benchmarks=tuple(b.strip() for b in benchmarks.split(",") if b.strip()), k=k,
-                          steps=steps, scorer=scorer, data_dir=data_dir, db=db or DEFAULT_DB_URL, runs_dir=runs_dir,
-                          engine=engine, temperature=temperature, top_p=top_p, max_tokens=max_tokens, seed=seed)  # fmt: skip
-    try:
-        plan = plan_eval(options)
-        store = open_store(options.db)
-    except (EvalError, StoreError) as e:
-        _fail("eval", e)
-    for line in plan.skipped:
-        typer.echo(f"rpg eval: skipped {line}", err=True)
     console = _console()
     progress = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TextColumn("samples"),
                         TimeElapsedColumn(), console=console)  # fmt: skip
-    task = progress.add_task("eval", total=plan.total_samples)
-    try:
-        with progress:
-            if local:
-                results = run_eval(plan, store, on_progress=lambda p: progress.update(task, completed=p.done, description=p.label))
-            else:
-                from rpg_cli.evaluation.job import default_gpus, follow_eval, last_lines, submit_eval
-                from rpg_cli.jobs import ClusterError
+    task = progress.add_task("eval", total=None)
 
-                try:
-                    job = submit_eval(options, address, Path(runs_dir), num_gpus=default_gpus(plan) if gpus is None else gpus)
-                except ClusterError as e:
-                    _fail("eval", e)
-                progress.update(task, description=f"Ray job {job.submission_id}" + (" (attached)" if job.attached else ""))
-                status, log = follow_eval(job, on_poll=lambda: progress.update(task, completed=scored_count(store, plan)))
-                if status != "SUCCEEDED":
-                    _fail("eval", RuntimeError(f"the evaluation job {job.submission_id} ended {status}: {last_lines(log)} "
-                                               f"(`ray job logs {job.submission_id}` has all of it)"), code=1)  # fmt: skip
-                results = eval_results(store, plan)
-    except EvalError as e:
+    def planned(plan) -> None:
+        for line in plan.skipped:
+            typer.echo(f"rpg eval: skipped {line}", err=True)
+        progress.update(task, total=plan.total_samples)
+        progress.start()
+
+    try:
+        options = EvalOptions(ref=ref, benchmarks=tuple(b.strip() for b in benchmarks.split(",") if b.strip()), k=k,
+                              steps=steps, scorer=scorer, data_dir=data_dir, db=db or DEFAULT_DB_URL, runs_dir=runs_dir,
+                              engine=engine, temperature=temperature, top_p=top_p, max_tokens=max_tokens, seed=seed)  # fmt: skip
+        results = run_evaluation(options, local=local, address=address, gpus=gpus, on_plan=planned,
+                                 on_progress=lambda done, label: progress.update(task, completed=done, description=label))  # fmt: skip
+    except (EvalError, StoreError, ClusterError) as e:
         _fail("eval", e)
+    except JobFailed as e:
+        _fail("eval", e, code=1)
     except KeyboardInterrupt:
         where = "" if local else "; the Ray job keeps running and the same command re-attaches to it"
         typer.echo(f"rpg eval: interrupted; every sample scored so far is stored, the same command resumes{where}", err=True)
         raise typer.Exit(130) from None
     finally:
-        store.close()
-    _print_eval_results(results, plan.scorer, console)
+        progress.stop()
+    _print_eval_results(results, scorer, console)
 
 
 def _print_eval_results(results: list, scorer: str, console) -> None:
@@ -299,19 +318,19 @@ def _print_eval_results(results: list, scorer: str, console) -> None:
     console.print(table)
 
 
-@app.command()
+@_command()
 def report(
-    table: bool = typer.Option(False, "--table", help="The Last/Best table (the default when neither --table nor --plot is given)."),
-    plot: bool = typer.Option(False, "--plot", help="Training-dynamics figures (PNG and SVG), one panel per metric, one line per run."),
+    table: bool = typer.Option(False, "--table", metavar="", help="The Last/Best table (the default when neither --table nor --plot is given)."),
+    plot: bool = typer.Option(False, "--plot", metavar="", help="Training-dynamics figures (PNG and SVG), one panel per metric, one line per run."),
     sweep_name: str = typer.Option(None, "--sweep", metavar="NAME", help="Only this sweep's runs (default: every run in the store)."),
-    metric: str = typer.Option("mean@k", "--metric", metavar="mean@K|pass@K|maj@K", help="Score to tabulate; K=k takes the largest k scored."),
+    metric: str = typer.Option("mean@k", "--metric", metavar="METRIC", help="Score to tabulate: mean@K, pass@K or maj@K; K=k takes the largest k scored."),
     benchmarks: str = typer.Option(None, "--benchmarks", metavar="B[,B]", help="Columns to show, e.g. aime24,aime25 (default: every benchmark scored)."),
-    output_format: str = typer.Option(None, "--format", metavar="table|markdown|latex|csv|json", help="Table format (default: from --output's suffix .md/.tex/.csv/.json, else a terminal table)."),
+    output_format: str = typer.Option(None, "--format", metavar="FORMAT", help="Table format: table, markdown, latex, csv or json (default: from --output's suffix .md/.tex/.csv/.json, else a terminal table)."),
     output: str = typer.Option(None, "--output", "-o", metavar="FILE|DIR", help="--table: write to FILE instead of printing. --plot: directory of the figures (default runs/plots)."),
-    compare_paper: bool = typer.Option(False, "--compare-paper", help="Put the paper's published numbers and the difference beside each reproduced one."),
+    compare_paper: bool = typer.Option(False, "--compare-paper", metavar="", help="Put the paper's published numbers and the difference beside each reproduced one."),
     metrics: str = typer.Option(None, "--metrics", metavar="M[,M]", help="--plot panels: reward, entropy, response_length, kl, val (one per benchmark), or any logged key. Default: those of the five that were logged."),
     smooth: int = typer.Option(1, "--smooth", min=1, metavar="N", help="--plot: moving average over N logged steps."),
-    db: str = typer.Option(None, "--db", metavar="URL", help="Results store: a SQLAlchemy URL or a SQLite file path (default sqlite:///runs/results.db)."),
+    db: str = typer.Option(None, "--db", metavar="URL", help=_DB_HELP),
 ) -> None:
     """Print the paper's Last/Best tables (and training-dynamics plots) from the results store.
 
@@ -323,40 +342,38 @@ def report(
     Examples:
 
       rpg report --table --format markdown
-      rpg report --table --sweep paper-qwen3-4b --compare-paper --output table.tex
+      rpg report --table --sweep paper-qwen3-4b --compare-paper -o table.tex
       rpg report --plot --metrics reward,entropy,val --smooth 5
     """
+    from pathlib import Path
+
     from rpg_cli import report as rp
-    from rpg_cli.store import DEFAULT_DB_URL, StoreError, open_store
+    from rpg_cli.rundir import write_atomic
+    from rpg_cli.store import StoreError
 
     formats = ("table", *rp.RENDERERS)
     if output_format is not None and output_format not in formats:
         _fail("report", ValueError(f"unknown --format {output_format!r}; allowed: {', '.join(formats)}"))
     if table and plot and output:
         _fail("report", ValueError("--output names the table file or the plots directory: use it with --table or --plot, not both"))
-    try:
-        store = open_store(db or DEFAULT_DB_URL, create=False)
-    except StoreError as e:
-        _fail("report", e)
-    try:
-        if table or not plot:
-            fmt = output_format or (rp.FORMAT_BY_SUFFIX.get(__import__("pathlib").Path(output).suffix.lower(), "table") if output else "table")
-            wanted = [b.strip() for b in benchmarks.split(",") if b.strip()] if benchmarks else None
-            built = rp.build_table(store, sweep_name, metric, wanted, compare_paper)
-            text = rp.RENDERERS[fmt](built) if fmt != "table" else _render_report_table(built, to_text=bool(output))
-            if output:
-                typer.echo(f"wrote {rp.write_atomic(output, text)}")
-            elif text:
-                typer.echo(text, nl=False)
-        if plot:
-            names = [m.strip() for m in metrics.split(",") if m.strip()] if metrics else list(rp.DEFAULT_PLOT_METRICS)
-            fig = rp.plot_training(store, sweep_name, names, smooth, strict=metrics is not None)
-            for path in rp.save_figure(fig, output or "runs/plots", f"training-{sweep_name or 'all'}"):
-                typer.echo(f"wrote {path}")
-    except (rp.ReportError, StoreError) as e:
-        _fail("report", e)
-    finally:
-        store.close()
+    with _open_store("report", db) as store:
+        try:
+            if table or not plot:
+                fmt = output_format or (rp.FORMAT_BY_SUFFIX.get(Path(output).suffix.lower(), "table") if output else "table")
+                wanted = [b.strip() for b in benchmarks.split(",") if b.strip()] if benchmarks else None
+                built = rp.build_table(store, sweep_name, metric, wanted, compare_paper)
+                text = rp.RENDERERS[fmt](built) if fmt != "table" else _render_report_table(built, to_text=bool(output))
+                if output:
+                    typer.echo(f"wrote {write_atomic(output, text)}")
+                elif text:
+                    typer.echo(text, nl=False)
+            if plot:
+                names = [m.strip() for m in metrics.split(",") if m.strip()] if metrics else list(rp.DEFAULT_PLOT_METRICS)
+                fig = rp.plot_training(store, sweep_name, names, smooth, strict=metrics is not None)
+                for path in rp.save_figure(fig, output or "runs/plots", f"training-{sweep_name or 'all'}"):
+                    typer.echo(f"wrote {path}")
+        except (rp.ReportError, StoreError) as e:
+            _fail("report", e)
 
 
 def _render_report_table(built, to_text: bool = False) -> str:
@@ -393,11 +410,6 @@ def _render_report_table(built, to_text: bool = False) -> str:
 
 # --- runs, logs, cancel, and the live sweep view (the results store and Ray jobs) ----------------
 
-_DB_HELP = "Results store: a SQLAlchemy URL or a SQLite file path (default sqlite:///runs/results.db)."
-_ADDRESS_HELP = "Ray cluster (dashboard URL or head address); default: $RAY_ADDRESS, else the local head under --runs-dir."
-_RUNS_DIR_HELP = "Root of the run directories; the local Ray head keeps its files in PATH/ray."
-_STATUS_STYLE = {"pending": "dim", "submitted": "cyan", "running": "blue", "succeeded": "green", "failed": "red", "stopped": "yellow"}
-
 
 def _fail(command: str, error: Exception, code: int = 2) -> None:
     typer.echo(f"rpg {command}: {error}", err=True)
@@ -412,16 +424,31 @@ def _console():
     return Console(width=None if sys.stdout.isatty() else 200)  # pipes get whole rows
 
 
+def _open_store(command: str, db: str | None):
+    """The existing results store, closed on exit; `rpg COMMAND: ...` (exit 2) when there is none."""
+    import contextlib
+
+    from rpg_cli.store import DEFAULT_DB_URL, StoreError, open_store
+
+    try:
+        store = open_store(db or DEFAULT_DB_URL, create=False)
+    except StoreError as e:
+        _fail(command, e)
+    return contextlib.closing(store)
+
+
 def _status_text(status: str) -> str:
     return f"[{_STATUS_STYLE.get(status, '')}]{status}[/]"
 
 
 def _error_line(error: str | None, width: int = 60) -> str:
-    lines = [line.strip() for line in (error or "").splitlines() if line.strip()]
-    return (lines[-1][: width - 1] + "…" if len(lines[-1]) > width else lines[-1]) if lines else ""
+    from rpg_cli.rundir import last_lines
+
+    line = last_lines(error or "")
+    return line[: width - 1] + "…" if len(line) > width else line
 
 
-@app.command("runs")
+@_command("runs")
 def runs_command(
     sweep_name: str = typer.Option(None, "--sweep", metavar="NAME", help="Only this sweep's runs."),
     status: str = typer.Option(None, "--status", metavar="STATE[,STATE]", help="Only runs in these states: pending, submitted, running, succeeded, failed, stopped."),
@@ -429,13 +456,19 @@ def runs_command(
     output_format: str = typer.Option("table", "--format", metavar="table|csv|json", help="A terminal table, or every column as CSV or JSON."),
     db: str = typer.Option(None, "--db", metavar="URL", help=_DB_HELP),
 ) -> None:
-    """List runs: state, attempts, last step, last reward (critic/score/mean), last validation accuracy
-    (mean over benchmarks of val-core mean@k), wall time.
+    """List runs: seed, state, attempts, last step, reward and validation accuracy, wall time.
 
-    Examples: rpg runs --where algorithm=rpg --where kl=ufkl,urkl;  rpg runs --sweep smoke --format csv
+    The reward is the last critic/score/mean logged; the validation accuracy the mean over benchmarks
+    of each one's last val-core mean@k.
+
+    Examples:
+
+      rpg runs --where algorithm=rpg --where kl=ufkl,urkl
+      rpg runs --sweep smoke --format csv
     """
     from rpg_cli.report import ReportError, runs_summary, summary_csv, wall_text
-    from rpg_cli.store import DEFAULT_DB_URL, STATUSES, StoreError, open_store
+    from rpg_cli.states import STATUSES
+    from rpg_cli.store import DEFAULT_DB_URL, StoreError, open_store
 
     if output_format not in ("table", "csv", "json"):
         _fail("runs", ValueError(f"unknown --format {output_format!r}; allowed: table, csv, json"))
@@ -464,13 +497,13 @@ def runs_command(
     from rich.table import Table
 
     table = Table(title=f"runs of {sweep_name}" if sweep_name else "runs")
-    numeric = ("attempts", "step", "reward", "val acc", "wall")
-    for column in ("sweep", "name", "id", "status", "attempts", "step", "reward", "val acc", "wall", "started (UTC)", "error"):
+    numeric = ("seed", "attempts", "step", "reward", "val acc", "wall")
+    for column in ("sweep", "name", "id", "seed", "status", "attempts", "step", "reward", "val acc", "wall", "started (UTC)", "error"):
         table.add_column(column, justify="right" if column in numeric else "left", no_wrap=column not in ("name", "error"))
     for r in rows:
         table.add_row(
-            r["sweep"], r["name"], r["id"], _status_text(r["status"]), str(r["attempts"]),
-            "-" if r["step"] is None else str(r["step"]),
+            r["sweep"], r["name"], r["id"], "-" if r["seed"] is None else str(r["seed"]), _status_text(r["status"]),
+            str(r["attempts"]), "-" if r["step"] is None else str(r["step"]),
             "-" if r["reward"] is None else f"{r['reward']:.4f}",
             "-" if r["val"] is None else f"{r['val']:.4f}",
             wall_text(r["wall_s"]), (r["started"] or "-")[:16], _error_line(r["error"]),
@@ -482,26 +515,18 @@ def runs_command(
 
 
 def _one_run(command: str, ref: str, db: str | None):
-    from rpg_cli.store import DEFAULT_DB_URL, StoreError, open_store
-
-    try:
-        store = open_store(db or DEFAULT_DB_URL, create=False)
-    except StoreError as e:
-        _fail(command, e)
-    try:
+    with _open_store(command, db) as store:
         found = store.resolve(ref)
-    finally:
-        store.close()
     if len(found) != 1:
         why = "is not a run id, id prefix, name or sweep in the store" if not found else f"names {len(found)} runs (a sweep?)"
         _fail(command, LookupError(f"{ref!r} {why}; give one run's id or name (`rpg runs` lists them)"))
     return found[0]
 
 
-@app.command("logs")
+@_command("logs")
 def logs_command(
     run: str = typer.Argument(..., metavar="RUN", help="Run id, id prefix or name."),
-    follow: bool = typer.Option(False, "--follow", "-f", help="Keep printing output until the job ends."),
+    follow: bool = typer.Option(False, "--follow", "-f", metavar="", help="Keep printing output until the job ends."),
     db: str = typer.Option(None, "--db", metavar="URL", help=_DB_HELP),
     address: str = typer.Option(None, "--address", metavar="ADDRESS", help=_ADDRESS_HELP),
     runs_dir: str = typer.Option("runs", "--runs-dir", metavar="PATH", help=_RUNS_DIR_HELP),
@@ -509,7 +534,8 @@ def logs_command(
     """Print a run's job output (from the cluster while it knows the job, else the run's job.log)."""
     from pathlib import Path
 
-    from rpg_cli.jobs import ClusterError, job_logs
+    from rpg_cli.orchestration.head import ClusterError
+    from rpg_cli.orchestration.sweep import job_logs
     from rpg_cli.store import StoreError
 
     record = _one_run("logs", run, db)
@@ -522,7 +548,7 @@ def logs_command(
         raise typer.Exit(130) from None
 
 
-@app.command("cancel")
+@_command("cancel")
 def cancel_command(
     ref: str = typer.Argument(..., metavar="RUN|SWEEP", help="A run id, id prefix or name, or a sweep name (all its runs)."),
     db: str = typer.Option(None, "--db", metavar="URL", help=_DB_HELP),
@@ -532,7 +558,8 @@ def cancel_command(
     """Stop a run's job, or every unfinished run of a sweep; they are recorded as stopped."""
     from pathlib import Path
 
-    from rpg_cli.jobs import ClusterError, cancel
+    from rpg_cli.orchestration.head import ClusterError
+    from rpg_cli.orchestration.sweep import cancel
     from rpg_cli.store import DEFAULT_DB_URL, StoreError
 
     try:
@@ -545,32 +572,27 @@ def cancel_command(
     typer.echo(f"stopped {len(stopped)} run(s): " + ", ".join(r.name for r in stopped))
 
 
-@app.command("stop")
+@_command("stop")
 def stop_command(
     runs_dir: str = typer.Option("runs", "--runs-dir", metavar="PATH", help=_RUNS_DIR_HELP),
     db: str = typer.Option(None, "--db", metavar="URL", help=_DB_HELP),
-    force: bool = typer.Option(False, "--force", help="Stop it even while runs are live (their jobs die with it)."),
+    force: bool = typer.Option(False, "--force", metavar="", help="Stop it even while runs are live (their jobs die with it)."),
 ) -> None:
-    """Stop the local Ray head that `rpg sweep`/`rpg eval` started under --runs-dir (it stays up between
-    commands so that the next one starts at once). Results and run directories are kept."""
+    """Stop the local Ray head that `rpg sweep` and `rpg eval` started under --runs-dir.
+
+    The head stays up between commands so that the next one starts at once. Results and run
+    directories are kept.
+    """
     from pathlib import Path
 
-    from rpg_cli.jobs import stop_local_head
-    from rpg_cli.store import DEFAULT_DB_URL, StoreError, open_store
+    from rpg_cli.orchestration.sweep import LiveRunsError, stop
+    from rpg_cli.store import DEFAULT_DB_URL
 
-    if not force:
-        live = []
-        try:
-            store = open_store(db or DEFAULT_DB_URL, create=False)
-        except StoreError:  # no results database: no run can be live
-            store = None
-        if store is not None:
-            live = [r for r in store.runs() if r.status in ("pending", "submitted", "running")]
-            store.close()
-        if live:
-            _fail("stop", RuntimeError(f"{len(live)} run(s) are live ({', '.join(r.name for r in live[:3])}"
-                                       f"{', ...' if len(live) > 3 else ''}); `rpg cancel` them first, or pass --force"))
-    if stop_local_head(Path(runs_dir)):
+    try:
+        stopped = stop(Path(runs_dir), db or DEFAULT_DB_URL, force=force)
+    except LiveRunsError as e:
+        _fail("stop", e)
+    if stopped:
         typer.echo(f"stopped the local Ray head in {runs_dir}/ray")
     else:
         typer.echo(f"no local Ray head is running in {runs_dir}/ray")
@@ -612,7 +634,8 @@ def _watch_sweep(
 
     from rich.live import Live
 
-    from rpg_cli.jobs import ClusterError, run_sweep
+    from rpg_cli.orchestration.head import ClusterError
+    from rpg_cli.orchestration.sweep import run_sweep
     from rpg_cli.store import StoreError
 
     console = _console()

@@ -1,0 +1,51 @@
+"""`rpg --help` and every command's help at 80 and 120 columns: prose wraps at word boundaries (no
+line breaks left over from the source), and every example fits on its own lines."""
+
+from __future__ import annotations
+
+import inspect
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from rpg_cli.cli import app
+
+REPO = Path(__file__).resolve().parents[1]
+COMMANDS = [c.name or c.callback.__name__ for c in app.registered_commands]
+
+
+def help_text(args: list[str], columns: int) -> list[str]:
+    env = {**os.environ, "COLUMNS": str(columns), "TERM": "dumb", "NO_COLOR": "1"}
+    result = subprocess.run([sys.executable, "-m", "rpg_cli", *args, "--help"], cwd=REPO, env=env,
+                            capture_output=True, text=True, timeout=120)  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    return result.stdout.splitlines()
+
+
+def examples(command: str) -> list[str]:
+    """The indented lines of a command's docstring: its examples (commands and their comments)."""
+    callback = next(c.callback for c in app.registered_commands if (c.name or c.callback.__name__) == command)
+    doc = inspect.cleandoc(callback.__doc__ or "")
+    return [line.strip() for line in doc.splitlines() if line.startswith("  ") and line.strip()]
+
+
+def test_every_command_is_covered():
+    assert set(COMMANDS) == {"prepare-data", "sweep", "eval", "report", "runs", "logs", "cancel", "stop"}
+
+
+@pytest.mark.parametrize("columns", [80, 120])
+@pytest.mark.parametrize("command", [None, *COMMANDS])
+def test_help_wraps_prose_and_keeps_examples_whole(command, columns):
+    lines = help_text([command] if command else [], columns)
+    assert max(len(line) for line in lines) <= columns
+    shown = [line.strip() for line in lines]
+    for example in examples(command) if command else []:
+        assert example in shown, f"{example!r} is wrapped at {columns} columns"
+    prose = [line.strip() for line in lines if line.startswith(" ") and not line.startswith("   ")]
+    # a source line break left in a paragraph shows as a short line followed by more of the sentence
+    for line, after in zip(prose, prose[1:]):
+        if line and after and not line.endswith((".", ":", ")")) and after[:1].islower():
+            assert len(line) > columns - 25, f"ragged wrap at {columns} columns: {line!r} / {after!r}"
