@@ -1,6 +1,7 @@
 # make demo   install if needed, then run the CPU smoke sweep end to end and print the report
 # make test   install if needed, then run the test suite
 # make bench  install if needed, then run the benchmarks and print their ratios
+# make lint   install if needed, then ruff: the lint rules and the formatting (pyproject.toml [tool.ruff])
 # make install  (re)create .venv with the package and its dev/test extras
 
 PYTHON ?= python3
@@ -12,7 +13,7 @@ TORCH_CPU ?= torch==2.13.0
 STAMP  := $(VENV)/.installed
 EXTRAS ?= dev,verl
 
-.PHONY: install test demo bench clean
+.PHONY: install test demo bench lint clean
 
 install: $(STAMP)
 
@@ -29,6 +30,10 @@ $(STAMP): pyproject.toml constraints.txt Makefile
 
 test: $(STAMP)
 	$(PY) -m pytest -q -n 2 --dist loadfile
+
+lint: $(STAMP)
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
 
 demo: $(STAMP)
 	$(VENV)/bin/rpg prepare-data --toy
