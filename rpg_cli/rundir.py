@@ -1,4 +1,4 @@
-"""A run's directory, and the two helpers everything that writes or reads one shares.
+"""A run's directory: its layout and checkpoints, how files are written whole, how logs are read.
 
     runs/<sweep>/<run name>/
       spec.json       the canonical spec; written before the job starts, read by the local backend
