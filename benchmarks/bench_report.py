@@ -85,7 +85,8 @@ def main() -> int:
 
         store.record_evals(
             {"run_id": r, "step": s, "benchmark": b, "metric": f"{m}@32", "k": 32, "value": rng.random(),
-             "scorer": "dapo", "scorer_version": "1"}  # fmt: skip
+             "scorer": "dapo", "scorer_version": "1", "n": 32, "temperature": 1.0, "top_p": 0.7, "max_tokens": 4096,
+             "seed": 0}  # fmt: skip
             for r in ids for s in range(5, args.steps + 1, 5) for b in ("aime24", "aime25", "amc23") for m in ("mean", "pass", "maj")
         )
         eval_s, eval_table = timed(lambda: table_all_formats(store))

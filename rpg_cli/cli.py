@@ -468,7 +468,7 @@ def runs_command(
     """
     from rpg_cli.report import ReportError, runs_summary, summary_csv, wall_text
     from rpg_cli.states import STATUSES
-    from rpg_cli.store import DEFAULT_DB_URL, StoreError, open_store
+    from rpg_cli.store import DEFAULT_DB_URL, EmptyStoreError, NoStoreError, StoreError, open_store
 
     if output_format not in ("table", "csv", "json"):
         _fail("runs", ValueError(f"unknown --format {output_format!r}; allowed: table, csv, json"))
@@ -477,9 +477,13 @@ def runs_command(
         _fail("runs", ValueError(f"unknown --status {', '.join(bad)}; allowed: {', '.join(STATUSES)}"))
     try:
         store = open_store(db or DEFAULT_DB_URL, create=False)
-    except StoreError as e:
+    except NoStoreError as e:
+        if isinstance(e, EmptyStoreError):
+            _fail("runs", e)
         typer.echo(f"rpg runs: no runs recorded yet ({e})", err=True)
         return
+    except StoreError as e:
+        _fail("runs", e)
     try:
         rows = runs_summary(store, sweep_name, wanted, where or [])
     except ReportError as e:

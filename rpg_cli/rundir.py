@@ -3,7 +3,9 @@
     runs/<sweep>/<run name>/
       spec.json       the canonical spec; written before the job starts, read by the local backend
       metrics.jsonl   one line per step, {"step": N, "data": {"actor/pg_loss": ...}}: verl's file
-                      logger's format, written by both backends
+                      logger's format, written by both backends; a resumed local run appends
+                      {"restart": {"keep_through": N}} first (the steps after N logged so far are
+                      void); verl starts the file over instead (store/ingest.py reads both)
       job.log         the job's output, saved when it ends or is cancelled
       checkpoints/    step_N/ (local backend: an HF model directory, plus its trainer state) or
                       global_step_N/actor/huggingface/ (verl, when it saves hf_model)
@@ -25,6 +27,7 @@ METRICS_FILE = "metrics.jsonl"
 JOB_LOG = "job.log"
 CHECKPOINTS_DIR = "checkpoints"
 EVAL_DIR = "eval"
+RESTART_KEY = "restart"  # metrics.jsonl: a resumed attempt's first line (restart_line)
 REWARD_KEY = "critic/score/mean"  # the metrics.jsonl key that `rpg runs` and the sweep view show as reward
 
 _STEP_DIR = re.compile(r"^(?:global_)?step_(\d+)$")
@@ -56,6 +59,14 @@ def write_spec(run_dir: Path, spec: dict) -> Path:
     import json
 
     return write_atomic(spec_path(run_dir), json.dumps(spec, indent=2, sort_keys=True) + "\n")
+
+
+def restart_line(keep_through: int | None) -> str:
+    """The metrics.jsonl line a resumed attempt appends before its first record: the steps after
+    `keep_through` (all when None) that earlier attempts logged are void."""
+    import json
+
+    return json.dumps({RESTART_KEY: {"keep_through": keep_through}}) + "\n"
 
 
 # ------------------------------------------------------------------------------------------ checkpoints

@@ -644,3 +644,17 @@ def _loader() -> type:
             list("-+0123456789."),
         )
     return _LOADER
+
+
+def val_sampling(spec: dict[str, Any] | None) -> dict[str, Any]:
+    """How a run's validation samples: n per problem, temperature, top_p, and max_tokens (its response
+    length), from its canonical spec as a dict; the defaults where it says nothing (None: no spec)."""
+    spec = spec or {}
+    val = {**Val().model_dump(), **(spec.get("val") or {})}
+    lengths = CONTEXT_LENGTHS.get(str(spec.get("context", "4k")), CONTEXT_LENGTHS["4k"])
+    return {
+        "n": int(val["n"]),
+        "temperature": float(val["temperature"]),
+        "top_p": float(val["top_p"]),
+        "max_tokens": lengths[1],
+    }

@@ -126,7 +126,7 @@ def query(db_file: Path, sql: str, *params):
         con.close()
 
 
-def evals(db_file: Path, run_id: str, scorer: str = "dapo", benchmark: str = "toy3") -> dict[tuple[int, str, int], float]:
+def evals(db_file: Path, run_id: str, scorer: str = "dapo", benchmark: str = "toy_add") -> dict[tuple[int, str, int], float]:
     rows = query(db_file, "SELECT step, metric, k, value FROM evals WHERE run_id=? AND scorer=? AND benchmark=?",
                  run_id, scorer, benchmark)
     return {(step, metric, k): value for step, metric, k, value in rows}
@@ -185,10 +185,10 @@ def test_run_is_evaluated_end_to_end_and_the_store_agrees_with_its_samples(asset
     assert spec.run_name in result.output and "mean@k" in result.output
     assert count_generation == {"load": 1, "generate": 3}  # 3 unique problems out of 9 rows, the last step only
 
-    samples = query(db_file, "SELECT problem, sample_index, extracted, correct, response_length, step, benchmark, scorer "
+    samples = query(db_file, "SELECT position, sample_index, extracted, correct, response_length, step, benchmark, scorer "
                              "FROM samples WHERE run_id=?", spec.run_id)  # fmt: skip
     assert len(samples) == 3 * K
-    assert {(s[5], s[6], s[7]) for s in samples} == {(2, "toy3", "dapo")}  # --steps last = 2
+    assert {(s[5], s[6], s[7]) for s in samples} == {(2, "toy_add", "dapo")}  # --steps last = 2; named by data_source
     assert sorted((s[0], s[1]) for s in samples) == [(p, j) for p in range(3) for j in range(K)]
     assert all(1 <= s[4] <= MAX_TOKENS for s in samples)
     # problems are numbered in order of first appearance in the (shuffled, repeated) file
@@ -209,7 +209,7 @@ def test_run_is_evaluated_end_to_end_and_the_store_agrees_with_its_samples(asset
     versions = query(db_file, "SELECT DISTINCT scorer_version FROM evals WHERE run_id=? AND scorer='dapo'", spec.run_id)
     assert versions == [("dapo-1",)]
     # the run's own validation metrics came along, under verl's names
-    verl = evals(db_file, spec.run_id, scorer="verl-val", benchmark="aime2025")
+    verl = evals(db_file, spec.run_id, scorer="verl-val", benchmark="aime25")  # one name for aime2025
     assert verl[(1, "mean@k", 32)] == pytest.approx(0.25) and verl[(2, "mean@k", 32)] == pytest.approx(0.5)
 
 
@@ -236,11 +236,11 @@ def test_resume_generates_only_what_is_missing_and_rescoring_reuses_responses(as
 
     # one problem lost from the store and from the response cache (as if killed mid-way): only it is redone
     con = sqlite3.connect(db_file)
-    con.execute("DELETE FROM samples WHERE problem = 1")
+    con.execute("DELETE FROM samples WHERE position = 1")
     con.execute("DELETE FROM evals")
     con.commit()
     con.close()
-    (cache,) = (tmp_path / "runs").glob("checkpoints/*/eval/step_0/toy3.jsonl")
+    (cache,) = (tmp_path / "runs").glob("checkpoints/*/eval/step_0/toy_add.jsonl")
     lines = cache.read_text().splitlines()
     assert len(lines) == 3
     cache.write_text("\n".join(lines[:1] + lines[2:]) + "\n" + lines[1][:20])  # problem 1's line torn
@@ -321,14 +321,14 @@ def test_verl_validation_metrics_are_ingested_under_verl_names(tmp_path):
     rows = query(db_file, all_evals.replace("FROM evals", "FROM evals WHERE run_id = 'r1'"))
     assert rows == first and len(query(db_file, all_evals)) == 2 * len(rows)
     assert rows == [
-        (1, "aime2025", "best@k/mean", 2, "verl-val", 0.35),
-        (1, "aime2025", "best@k/mean", 32, "verl-val", 0.6),
-        (1, "aime2025", "best@k/std", 32, "verl-val", 0.05),
-        (1, "aime2025", "maj@k/mean", 32, "verl-val", 0.3),
-        (1, "aime2025", "mean@k", 32, "verl-val", 0.25),
-        (1, "aime2025", "std@k", 32, "verl-val", 0.4),
-        (2, "aime2025", "mean@k", 32, "verl-val", 0.5),
-        (2, "amc_23", "mean@k", 32, "verl-val", None),  # NaN is stored as NULL
+        (1, "aime25", "best@k/mean", 2, "verl-val", 0.35),
+        (1, "aime25", "best@k/mean", 32, "verl-val", 0.6),
+        (1, "aime25", "best@k/std", 32, "verl-val", 0.05),
+        (1, "aime25", "maj@k/mean", 32, "verl-val", 0.3),
+        (1, "aime25", "mean@k", 32, "verl-val", 0.25),
+        (1, "aime25", "std@k", 32, "verl-val", 0.4),
+        (2, "aime25", "mean@k", 32, "verl-val", 0.5),
+        (2, "amc23", "mean@k", 32, "verl-val", None),  # NaN is stored as NULL; the benchmarks' one names
     ]
     assert not any(metric.startswith("pass@") for _, _, metric, *_ in rows)
 
@@ -398,7 +398,7 @@ def test_eval_runs_as_a_ray_job_on_the_local_head(assets, tmp_path):
         assert "Ray job rpg-eval-" in result.output and "mean@k" in result.output
     finally:
         stop_local_head(runs)
-    samples = query(db_file, "SELECT problem, sample_index, extracted, correct FROM samples")
+    samples = query(db_file, "SELECT position, sample_index, extracted, correct FROM samples")
     assert len(samples) == 3 * 2
     (run_id,) = query(db_file, "SELECT id FROM runs")[0]
     stored = evals(db_file, run_id)

@@ -83,7 +83,11 @@ def write_spec(run_dir: Path, toy, **changes) -> Path:
 
 
 def read_metrics(run_dir: Path) -> list[dict]:
-    return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    """What metrics.jsonl says, restarts applied (store/ingest.py), as its lines in step order."""
+    from rpg_cli.store.ingest import metrics_view
+
+    view = metrics_view((run_dir / "metrics.jsonl").read_text())
+    return [{"step": step, "data": data} for step, data in view.items()]
 
 
 FAMILIES = {
@@ -124,12 +128,16 @@ def test_resubmitted_run_resumes_from_its_checkpoint_without_repeating_steps(toy
     assert run_trainer(str(broken), stop_after=3) == 0  # "killed" after step 3; last checkpoint: step 2
     with (tmp_path / "broken" / "metrics.jsonl").open("a") as f:
         f.write('{"step": 4, "data": {"actor/pg_lo')  # a line cut short by the crash
+    before = (tmp_path / "broken" / "metrics.jsonl").read_bytes()
     capsys.readouterr()
     assert run_trainer(str(broken)) == 0  # the resubmitted job
     out = capsys.readouterr().out
     assert "resuming from step_2: continuing at step 3" in out
     assert "step 1/5" not in out and "step 2/5" not in out and "step 3/5" in out
 
+    # appended to, never rewritten: the torn line ended, then a restart line voiding step 3 (redone)
+    after = (tmp_path / "broken" / "metrics.jsonl").read_bytes()
+    assert after.startswith(before + b'\n{"restart": {"keep_through": 2}}\n{"data": ')
     resumed, reference = read_metrics(tmp_path / "broken"), read_metrics(tmp_path / "whole")
     assert [line["step"] for line in resumed] == [0, 1, 2, 3, 4, 5]
     for got, want in zip(resumed, reference):

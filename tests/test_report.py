@@ -31,6 +31,18 @@ def spec(algorithm: str, kl: str = "none", seed: int = 0, optimizer: str = "adam
     }  # fmt: skip
 
 
+PROTOCOL = {"n": 32, "temperature": 1.0, "top_p": 0.7, "max_tokens": 4096, "seed": 0}
+SHOWN = "n=32 T=1 top_p=0.7 max_tokens=4096 seed=0"  # PROTOCOL in a source line
+
+
+def val_shown() -> str:
+    """The protocol of logged validation of a spec that sets none: the spec's defaults (seed not kept: 0)."""
+    from rpg_cli.report.scores import protocol_text
+    from rpg_cli.spec import val_sampling
+
+    return protocol_text({**val_sampling({"context": "4k"}), "seed": 0})
+
+
 class Filler:
     """Records runs in a store and gives them metrics (through metrics.jsonl ingestion) and evals."""
 
@@ -53,10 +65,10 @@ class Filler:
         self.store.ingest_metrics(run_id, path)
 
     def evals(self, run_id: str, bench: str, values: dict[int, float], metric: str = "mean@32", k: int = 32,
-              scorer: str = "dapo") -> None:  # fmt: skip
+              scorer: str = "dapo", **protocol) -> None:  # fmt: skip
         self.store.record_evals(
             {"run_id": run_id, "step": step, "benchmark": bench, "metric": metric, "k": k, "value": v,
-             "scorer": scorer, "scorer_version": "1"}  # fmt: skip
+             "scorer": scorer, "scorer_version": "1", **{**PROTOCOL, **protocol}}  # fmt: skip
             for step, v in values.items()
         )
 
@@ -294,8 +306,8 @@ def test_training_validation_metrics_feed_the_table(store, fill):
     fill.run(spec("reinforce_pp"))  # never evaluated: no row, but counted
     table = report.build_table(store)
     assert [r.method for g in table.groups for r in g.rows] == ["GRPO", "DAPO"]
-    assert table.sources == ["rpg eval (scorer dapo, mean@32): 1 run", "training validation (mean@4): 1 run",
-                             "not scored yet: 1 run"]  # fmt: skip
+    assert table.sources == [f"rpg eval (scorer dapo, mean@32, {SHOWN}): 1 run",
+                             f"training validation (mean@4, {val_shown()}): 1 run", "not scored yet: 1 run"]  # fmt: skip
     maj = report.build_table(store, metric="maj@k")
     assert maj.benchmarks == ["amc23"] and row_of(maj, "DAPO").cells[("amc23", "best")].mean == 0.9
 
@@ -314,7 +326,9 @@ def test_validation_logged_before_ingestion_copied_it_is_read_from_the_metrics(t
         table = report.build_table(store)
     finally:
         store.close()
-    assert table.sources == ["rpg eval (scorer dapo, mean@4): 1 run", "training validation (mean@32): 2 runs"]
+    # version 1 kept no protocol: the upgrade filled in what version 1 sampled with (n from k)
+    assert table.sources == [f"rpg eval (scorer dapo, mean@4, {SHOWN.replace('n=32', 'n=4')}): 1 run",
+                             "training validation (mean@32): 2 runs"]  # fmt: skip
     (row,) = [r for g in table.groups for r in g.rows]
     assert (row.method, len(row.runs)) == ("RPG-URKL", 3)
     assert row.cells[("aime24", "last")].mean == 0.25 and row.cells[("aime24", "last")].n == 1
@@ -328,14 +342,14 @@ def test_validation_copied_at_ingestion_is_used_under_the_papers_benchmark_names
     fill.metrics(copied, {5: {"val-core/math_dapo/acc/mean@32": 0.2, "val-core/math_dapo/acc/best@32/mean": 0.9,
                               "val-core/math_dapo/acc/maj@32/mean": 0.3, "val-aux/math_dapo/acc/std@32": 0.4},
                           10: {"val-core/math_dapo/acc/mean@32": 0.1}})  # fmt: skip
-    with store.engine.connect() as conn:  # the ingestion copied them into evals, under verl's names
+    with store.engine.connect() as conn:  # the ingestion copied them into evals, as `rpg eval` names the benchmark
         copies = conn.exec_driver_sql("SELECT step, benchmark, metric, k FROM evals WHERE scorer = ?", (VERL_SCORER,))
-        assert sorted(copies) == [(5, "math_dapo", "best@k/mean", 32), (5, "math_dapo", "maj@k/mean", 32),
-                                  (5, "math_dapo", "mean@k", 32), (5, "math_dapo", "std@k", 32),
-                                  (10, "math_dapo", "mean@k", 32)]  # fmt: skip
+        assert sorted(copies) == [(5, "aime24", "best@k/mean", 32), (5, "aime24", "maj@k/mean", 32),
+                                  (5, "aime24", "mean@k", 32), (5, "aime24", "std@k", 32),
+                                  (10, "aime24", "mean@k", 32)]  # fmt: skip
     both = fill.run(spec("grpo"))
     fill.evals(both, "aime24", {10: 0.6}, scorer="dapo")
-    fill.evals(both, "math_dapo", {10: 0.05}, metric="mean@k", scorer=VERL_SCORER)
+    fill.evals(both, "aime24", {10: 0.05}, metric="mean@k", scorer=VERL_SCORER)
     table = report.build_table(store)
     assert table.benchmarks == ["aime24"]
     assert row_of(table, "DAPO").cells[("aime24", "last")].mean == 0.1

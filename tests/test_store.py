@@ -103,7 +103,7 @@ def test_set_status_stamps_times_and_rejects_unknown_states(store, tmp_path):
         store.set_status("nope", "running")
 
 
-def test_begin_attempt_gives_fresh_submission_ids_and_clears_metrics(store, tmp_path):
+def test_begin_attempt_gives_fresh_submission_ids_and_keeps_metrics(store, tmp_path):
     p = plan(1, tmp_path)
     store.record_plan(p)
     assert store.begin_attempt(p.id) == (1, p.id)
@@ -114,8 +114,9 @@ def test_begin_attempt_gives_fresh_submission_ids_and_clears_metrics(store, tmp_
     assert store.begin_attempt(p.id) == (2, f"{p.id}-2")
     run = store.run(p.id)
     assert (run.status, run.error, run.finished_at, run.attempts) == ("pending", None, None, 2)
-    assert count(store, p.id) == 0 and store.latest(p.id) == (None, {})
-    assert store.ingest_metrics(p.id, p.run_dir / "metrics.jsonl") == 2  # read afresh for the new attempt
+    # the metrics stay: the new attempt's file says what it redoes (a restart line, or verl starting it over)
+    assert count(store, p.id) == 2 and store.latest(p.id) == (2, {"a": 2.0})
+    assert store.ingest_metrics(p.id, p.run_dir / "metrics.jsonl") == 0
 
 
 def test_resolve_by_id_prefix_name_and_sweep(store, tmp_path):
@@ -133,12 +134,13 @@ def test_resolve_by_id_prefix_name_and_sweep(store, tmp_path):
 
 def test_parse_metric_lines_skips_garbage_and_waits_for_a_partial_tail():
     chunk = (line(1, a=1) + "not json\n\n" + json.dumps([1, 2]) + "\n" + line(2, a=2) + '{"step": 3, "da').encode()
-    records, consumed = parse_metric_lines(chunk)
-    assert [step for step, _ in records] == [1, 2]
-    assert chunk[consumed:] == b'{"step": 3, "da'
+    parsed = parse_metric_lines(chunk)
+    assert [step for step, _ in parsed.records] == [1, 2]
+    assert chunk[parsed.consumed :] == b'{"step": 3, "da'
+    assert parsed.lines == 5 and [index for index, _ in parsed.bad] == [1, 3]  # the blank line is no fault
     complete_tail = line(4, a=4).rstrip("\n").encode()  # a complete record that only lacks its newline
-    records, consumed = parse_metric_lines(complete_tail)
-    assert [step for step, _ in records] == [4] and consumed == len(complete_tail)
+    parsed = parse_metric_lines(complete_tail)
+    assert [step for step, _ in parsed.records] == [4] and parsed.consumed == len(complete_tail)
 
 
 def test_ingest_is_idempotent_and_skips_non_numeric_values(store, tmp_path):
@@ -305,10 +307,13 @@ def test_four_processes_ingesting_at_once_lose_no_row(tmp_path):
 def test_evals_and_samples_upsert_on_their_keys(store, tmp_path):
     p = plan(1, tmp_path)
     store.record_plan(p)
-    key = {"run_id": p.id, "step": 400, "benchmark": "aime2025", "metric": "mean@32", "k": 32, "scorer": "answer"}
+    protocol = {"n": 32, "temperature": 0.6, "top_p": 0.95, "max_tokens": 4096, "seed": 0}
+    key = {"run_id": p.id, "step": 400, "benchmark": "aime2025", "metric": "mean@32", "k": 32, "scorer": "answer",
+           **protocol}  # fmt: skip
     assert store.record_evals([{**key, "value": 0.25, "scorer_version": "1"}]) == 1
     store.record_evals([{**key, "value": 0.3, "scorer_version": "2"}, {**key, "metric": "pass@32", "value": 0.6, "scorer_version": "2"}])
-    sample = {"run_id": p.id, "step": 400, "benchmark": "aime2025", "problem": 3, "sample_index": 0, "scorer": "answer"}
+    sample = {"run_id": p.id, "step": 400, "benchmark": "aime2025", "problem": "3a5f", "sample_index": 0,
+              "scorer": "answer", "position": 3, **protocol}  # fmt: skip
     store.record_samples([{**sample, "extracted": "17", "correct": False, "response_length": 900}])
     store.record_samples([{**sample, "extracted": "18", "correct": True, "response_length": 900}])
     with sqlite3.connect(store.engine.url.database) as con:
@@ -419,6 +424,7 @@ def test_a_database_written_before_schema_versions_opens_with_nothing_lost(tmp_p
     db = v1_database(tmp_path / "results.db")
     before = table_rows(db)
     assert "schema_version" not in before and len(before["metrics"]) == 3 * 10 and len(before["samples"]) == 8
+    v1 = {"n": 4, "temperature": 1.0, "top_p": 0.7, "max_tokens": 4096, "seed": 0}  # what version 1 sampled with
     for create in (False, True):  # as `rpg runs` opens it, then as `rpg sweep` does
         store = open_store(f"sqlite:///{db}", create=create)
         try:
@@ -430,13 +436,30 @@ def test_a_database_written_before_schema_versions_opens_with_nothing_lost(tmp_p
             assert store.latest("v1run003") == (4, {"critic/score/mean": 0.4, "actor/pg_loss": -4.0,
                                                     "val-core/aime2025/acc/mean@32": 0.2})  # fmt: skip
             assert store.last_steps(runs) == dict.fromkeys(runs, 4)
-            assert sorted(store.eval_values("v1run001", 4, "aime24", "dapo", ["mean@k", "pass@k"])) == [
-                ("mean@k", 4, 0.25), ("pass@k", 1, 0.25), ("pass@k", 4, 0.75)]
-            assert store.stored_samples("v1run001", 4, "aime24", "dapo", 4)[1][1] == ("1", True)
+            assert sorted(store.eval_values("v1run001", 4, "aime24", "dapo", ["mean@k", "pass@k"], v1)) == [
+                ("mean@k", 4, 0.25), ("pass@k", 1, 0.25), ("pass@k", 4, 0.75)]  # pass@1 of the n = 4 evaluation
+            assert store.stored_samples("v1run001", 4, "aime24", "dapo", v1)["position-1"][1] == ("1", True)
+            assert [r.id for r in store.runs(sweep="old")] == ["v1run001", "v1run002"]  # membership: its sweep
+            assert [r.id for r in store.runs(sweep="other")] == ["v1run003"]
         finally:
             store.close()
     after = table_rows(db)
-    assert {n: rows for n, rows in after.items() if n in before} == before  # every row, as it was
+    assert after["schema_version"] == [(2,)]
+    for name in ("runs", "sweeps", "metrics"):
+        assert after[name] == before[name]  # every row, as it was
+    assert sorted(r[:4] for r in after["metric_files"]) == sorted(before["metric_files"])  # identity unknown: NULL
+    assert all(r[4:] == (None, None, None) for r in after["metric_files"])
+    with sqlite3.connect(db) as con:
+        evals = con.execute("SELECT run_id, step, benchmark, metric, k, scorer, value, scorer_version, n FROM evals")
+        assert sorted(r[:-1] for r in evals.fetchall()) == sorted(before["evals"])
+        assert con.execute("SELECT DISTINCT n, temperature, top_p, max_tokens, seed FROM evals").fetchall() == [
+            tuple(v1.values())]
+        samples = con.execute("SELECT run_id, step, benchmark, position, sample_index, scorer, extracted, correct,"
+                              " response_length, problem, n FROM samples").fetchall()  # fmt: skip
+        assert sorted(r[:-2] for r in samples) == sorted(before["samples"])
+        assert {(r[3], r[9], r[10]) for r in samples} == {(0, "position-0", 4), (1, "position-1", 4)}
+        assert con.execute("SELECT sweep, run_id FROM sweep_runs ORDER BY run_id").fetchall() == [
+            ("old", "v1run001"), ("old", "v1run002"), ("other", "v1run003")]
 
 
 def test_a_new_version_upgrades_an_older_database_in_place_once(tmp_path, monkeypatch):
@@ -444,24 +467,25 @@ def test_a_new_version_upgrades_an_older_database_in_place_once(tmp_path, monkey
 
     db = v1_database(tmp_path / "results.db")
     calls = []
+    latest = migrations.LATEST + 1
 
-    def add_n(conn):  # what a version 2 looks like: a few lines
+    def add_note(conn):  # what a new version looks like: a few lines
         calls.append(1)
-        conn.exec_driver_sql("ALTER TABLE evals ADD COLUMN n INTEGER")
-        conn.exec_driver_sql("UPDATE evals SET n = k")
+        conn.exec_driver_sql("ALTER TABLE evals ADD COLUMN note VARCHAR(20)")
+        conn.exec_driver_sql("UPDATE evals SET note = 'upgraded'")
 
-    monkeypatch.setitem(migrations.MIGRATIONS, 2, add_n)
-    monkeypatch.setattr(migrations, "LATEST", 2)
+    monkeypatch.setitem(migrations.MIGRATIONS, latest, add_note)
+    monkeypatch.setattr(migrations, "LATEST", latest)
     for _ in range(2):
         open_store(f"sqlite:///{db}", create=False).close()
-    assert calls == [1]  # upgraded on the first open only
+    assert calls == [1]  # upgraded on the first open only, through every version in turn
     with sqlite3.connect(db) as con:
-        assert con.execute("SELECT version FROM schema_version").fetchall() == [(2,)]
-        assert sorted(con.execute("SELECT k, n FROM evals").fetchall()) == [(1, 1), (4, 4), (4, 4)]
+        assert con.execute("SELECT version FROM schema_version").fetchall() == [(latest,)]
+        assert con.execute("SELECT DISTINCT note FROM evals").fetchall() == [("upgraded",)]
         assert con.execute("SELECT COUNT(*) FROM metrics").fetchone()[0] == 30
     fresh = tmp_path / "fresh.db"
     open_store(f"sqlite:///{fresh}").close()  # a new database starts at the latest version, no migration
-    assert calls == [1] and table_rows(fresh)["schema_version"] == [(2,)]
+    assert calls == [1] and table_rows(fresh)["schema_version"] == [(latest,)]
 
 
 def test_a_database_newer_than_this_rpg_is_refused(tmp_path):

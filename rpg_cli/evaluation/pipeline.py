@@ -1,7 +1,9 @@
 """Run an `EvalPlan`: generate, score, store every sample, compute accuracy@k from the stored samples.
 
 Resuming is built in, at the granularity of a problem:
-  - a problem whose k samples are in the store for (run, step, benchmark, scorer) is not touched again;
+  - a problem whose k samples are in the store for (run, step, benchmark, scorer, protocol) is not
+    touched again (a problem is its fingerprint, not its place in the file; the protocol is how its
+    samples are drawn: k, temperature, top_p, max tokens, seed);
   - responses are kept in `<run_dir>/eval/step_N/<benchmark>.jsonl` (one line per problem, with the
     sampling settings), so scoring the same checkpoint with another scorer, or after an interruption
     between generating and storing, reuses them instead of generating again.
@@ -90,9 +92,7 @@ def run_eval(
                         problems_per_call(engine, target.sampling.k),
                         advance,
                     )
-                    record_metrics(
-                        store, target.run_id, checkpoint.step, bench, plan.scorer, version, target.sampling.k
-                    )
+                    record_metrics(store, target.run_id, checkpoint.step, bench, plan.scorer, version, target.sampling)
             finally:
                 generator.close()
     return eval_results(store, plan)
@@ -133,8 +133,8 @@ def _evaluate_benchmark(
 ) -> None:
     """Score (generating where needed) every problem of `bench` that the store lacks, `per_call` at a time."""
     sampling = target.sampling
-    scored = store.stored_samples(target.run_id, step, bench.name, scorer, sampling.k)
-    todo = [p for p in range(len(bench.problems)) if p not in scored]
+    scored = store.stored_samples(target.run_id, step, bench.name, scorer, sampling.protocol)
+    todo = [p for p, problem in enumerate(bench.problems) if problem.key not in scored]
     advance((len(bench.problems) - len(todo)) * sampling.k)
     if not todo:
         return
@@ -148,7 +148,7 @@ def _evaluate_benchmark(
             for problem, responses in zip(missing, generator.generate(missing, seeds, sampling)):
                 cache.append(problem.key, responses)
                 cached[problem.key] = responses
-        _score_and_store(store, target, step, bench, batch, cached, scorer, sampling.k)
+        _score_and_store(store, target, step, bench, batch, cached, scorer, sampling)
         advance(len(batch) * sampling.k, len(missing) * sampling.k)
 
 
@@ -160,29 +160,31 @@ def _score_and_store(
     batch: Sequence[int],
     cached: dict[str, list[Response]],
     scorer: str,
-    k: int,
+    sampling: Sampling,
 ) -> None:
     texts, truths, where = [], [], []
     for p in batch:
         problem = bench.problems[p]
-        for j, response in enumerate(cached[problem.key][:k]):
+        for j, response in enumerate(cached[problem.key][: sampling.k]):
             texts.append(response.text)
             truths.append(problem.ground_truth)
-            where.append((p, j, response.length))
+            where.append((problem.key, p, j, response.length))
     verdicts = score_batch(texts, truths, scorer)
     store.record_samples(
         {
             "run_id": target.run_id,
             "step": step,
             "benchmark": bench.name,
-            "problem": p,
+            "problem": key,
             "sample_index": j,
             "scorer": scorer,
+            **sampling.protocol,
+            "position": p,
             "extracted": verdict["pred"],
             "correct": bool(verdict["acc"]),
             "response_length": length,
         }
-        for (p, j, length), verdict in zip(where, verdicts)
+        for (key, p, j, length), verdict in zip(where, verdicts)
     )
 
 
@@ -200,11 +202,15 @@ def compute_metrics(samples: Sequence[Sequence[tuple[str | None, bool]]]) -> lis
     return rows
 
 
-def record_metrics(store: Store, run_id: str, step: int, bench: Benchmark, scorer: str, version: str, k: int) -> None:
-    samples = store.stored_samples(run_id, step, bench.name, scorer, k)
-    missing = [p for p in range(len(bench.problems)) if p not in samples]
+def record_metrics(
+    store: Store, run_id: str, step: int, bench: Benchmark, scorer: str, version: str, sampling: Sampling
+) -> None:
+    samples = store.stored_samples(run_id, step, bench.name, scorer, sampling.protocol)
+    missing = [p for p, problem in enumerate(bench.problems) if problem.key not in samples]
     if missing:  # cannot happen after a complete pass; never store metrics over a partial set
-        raise RuntimeError(f"{bench.name} step {step}: problems {missing[:5]} have fewer than {k} stored samples")
+        raise RuntimeError(
+            f"{bench.name} step {step}: problems {missing[:5]} have fewer than {sampling.k} stored samples"
+        )
     store.record_evals(
         {
             "run_id": run_id,
@@ -213,15 +219,16 @@ def record_metrics(store: Store, run_id: str, step: int, bench: Benchmark, score
             "metric": metric,
             "k": kk,
             "scorer": scorer,
+            **sampling.protocol,
             "value": value,
             "scorer_version": version,
         }
-        for metric, kk, value in compute_metrics([samples[p] for p in range(len(bench.problems))])
+        for metric, kk, value in compute_metrics([samples[problem.key] for problem in bench.problems])
     )
 
 
 def eval_results(store: Store, plan: EvalPlan) -> list[EvalResult]:
-    """What the store holds for the plan's runs, steps, benchmarks, scorer and k."""
+    """What the store holds for the plan's runs, steps, benchmarks, scorer and sampling protocol."""
     out = []
     for target in plan.targets:
         n = target.sampling.k
@@ -229,7 +236,7 @@ def eval_results(store: Store, plan: EvalPlan) -> list[EvalResult]:
             for bench in plan.benchmarks:
                 values: dict[str, float | None] = {}
                 for metric, k, value in store.eval_values(
-                    target.run_id, checkpoint.step, bench.name, plan.scorer, METRICS
+                    target.run_id, checkpoint.step, bench.name, plan.scorer, METRICS, target.sampling.protocol
                 ):
                     if metric == "pass@k" and k <= n:
                         values[f"pass@{k}"] = value
@@ -248,8 +255,8 @@ def scored_count(store: Store, plan: EvalPlan) -> int:
             [c.step for c in target.checkpoints],
             bench.name,
             plan.scorer,
-            target.sampling.k,
-            len(bench.problems),
+            target.sampling.protocol,
+            [problem.key for problem in bench.problems],
         )
         for target in plan.targets
         for bench in plan.benchmarks

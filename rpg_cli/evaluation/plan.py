@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from rpg_cli import rundir
+from rpg_cli.benchmarks import benchmark_name
 from rpg_cli.evaluation.options import EvalError, EvalOptions, parse_steps
 
 PLAIN_SWEEP = "checkpoints"  # the sweep under which models that belong to no run are recorded
@@ -43,6 +44,17 @@ class Sampling:
             "seed": self.seed,
         }
 
+    @property
+    def protocol(self) -> dict[str, Any]:
+        """The store's identity of scores sampled this way (store/schema.py): n = k samples per problem."""
+        return {
+            "n": self.k,
+            "temperature": self.temperature,
+            "top_p": self.top_p,
+            "max_tokens": self.max_tokens,
+            "seed": self.seed,
+        }
+
 
 @dataclass(frozen=True)
 class Problem:
@@ -52,17 +64,18 @@ class Problem:
 
     @property
     def key(self) -> str:
-        """Identifies the problem's content (prompt and answer), for cached responses."""
+        """Identifies the problem's content (prompt and ground truth): the store's `problem` of its
+        samples, and the key of its cached responses."""
         text = json.dumps([list(self.messages), self.ground_truth], sort_keys=True, ensure_ascii=True)
         return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
 @dataclass(frozen=True)
 class Benchmark:
-    name: str  # what the store records: the preset name (aime24) or the file's stem
+    name: str  # what the store records: the data source's benchmark name (rpg_cli/benchmarks.py)
     path: Path
     problems: tuple[Problem, ...]  # unique problems, in order of first appearance in the file
-    rows: int  # rows in the file (problems x repeats)
+    rows: int  # rows in its file (problems x repeats, all data sources)
 
 
 @dataclass(frozen=True)
@@ -112,9 +125,16 @@ class EvalPlan:
 def plan_eval(options: EvalOptions) -> EvalPlan:
     """Resolve and check everything `options` names; raises EvalError (one line) on bad input."""
     targets, skipped = _resolve_targets(options)
-    benchmarks = tuple(load_benchmark(name, Path(options.data_dir)) for name in dict.fromkeys(options.benchmarks))
-    if len({b.name for b in benchmarks}) != len(benchmarks):
-        raise EvalError("two benchmarks have the same name (a file's stem names it); rename one of the files")
+    benchmarks = tuple(
+        b for name in dict.fromkeys(options.benchmarks) for b in load_benchmark(name, Path(options.data_dir))
+    )
+    names = [b.name for b in benchmarks]
+    if twice := sorted({n for n in names if names.count(n) > 1}):
+        files = ", ".join(str(b.path) for b in benchmarks if b.name in twice)
+        raise EvalError(
+            f"benchmark {twice[0]} is in more than one of the files ({files}): its rows' data_source names it; "
+            "evaluate one of them, or give one file another data_source (`rpg prepare-data --input --data-source`)"
+        )
     return EvalPlan(options, tuple(targets), benchmarks, tuple(skipped))
 
 
@@ -153,18 +173,14 @@ def _resolve_targets(options: EvalOptions) -> tuple[list[Target], list[str]]:
 
 
 def _lookup(ref: str, db: str) -> list:
-    from rpg_cli.store import StoreError, open_store
+    from rpg_cli.store import NoStoreError, open_store
 
     try:
         store = open_store(db, create=False)
-    except StoreError:
+    except NoStoreError:  # no database, or one without rpg's tables: nothing recorded in it
         return []
     try:
         return store.resolve(ref)
-    except Exception as e:  # an existing database without rpg's tables: nothing recorded in it
-        if "no such table" in str(e) or "does not exist" in str(e):
-            return []
-        raise
     finally:
         store.close()
 
@@ -291,15 +307,14 @@ def _target(
 def sampling_for(spec: dict[str, Any] | None, options: EvalOptions) -> Sampling:
     """The run's validation sampling (val.n, val.temperature, val.top_p, its response length), with the
     user's overrides; the spec defaults for a model without a spec."""
-    from rpg_cli.spec import CONTEXT_LENGTHS, Val
+    from rpg_cli.spec import val_sampling
 
-    val = {**Val().model_dump(), **((spec or {}).get("val") or {})}
-    context = (spec or {}).get("context", "4k")
+    val = val_sampling(spec)
     return Sampling(
-        k=options.k if options.k is not None else (int(val["n"]) if spec else DEFAULT_K),
-        temperature=options.temperature if options.temperature is not None else float(val["temperature"]),
-        top_p=options.top_p if options.top_p is not None else float(val["top_p"]),
-        max_tokens=options.max_tokens if options.max_tokens is not None else CONTEXT_LENGTHS[context][1],
+        k=options.k if options.k is not None else (val["n"] if spec else DEFAULT_K),
+        temperature=options.temperature if options.temperature is not None else val["temperature"],
+        top_p=options.top_p if options.top_p is not None else val["top_p"],
+        max_tokens=options.max_tokens if options.max_tokens is not None else val["max_tokens"],
         seed=options.seed,
     )
 
@@ -314,8 +329,9 @@ def benchmark_files() -> dict[str, str]:
     return {name: preset.filename for name, preset in PRESETS.items() if preset.repeat > 1}
 
 
-def load_benchmark(name: str, data_dir: Path) -> Benchmark:
-    """A benchmark by preset name (its file in `data_dir`) or a path to any prepared parquet."""
+def load_benchmark(name: str, data_dir: Path) -> list[Benchmark]:
+    """The benchmarks of a preset name (its file in `data_dir`) or a path to any prepared parquet: one
+    per data_source of its rows, named as training validation names it (rpg_cli/benchmarks.py)."""
     files = benchmark_files()
     if name in files:
         path = Path(data_dir) / files[name]
@@ -324,16 +340,17 @@ def load_benchmark(name: str, data_dir: Path) -> Benchmark:
                 f"no {path} for benchmark {name}: write it with `rpg prepare-data {name}` "
                 f"(or pass --data-dir DIR where it is)"
             )
-        bench_name = name
     elif name.endswith(".parquet") or "/" in name:
         path = Path(name)
         if not path.is_file():
             raise EvalError(f"benchmark file {path} does not exist; write it with `rpg prepare-data --input FILE`")
-        bench_name = path.stem
     else:
         raise EvalError(f"unknown benchmark {name!r}; choose from {', '.join(files)}, or give a prepared .parquet file")
     problems, rows = read_problems(path)
-    return Benchmark(bench_name, path.resolve(), problems, rows)
+    by_source: dict[str, list[Problem]] = {}
+    for problem in problems:
+        by_source.setdefault(benchmark_name(problem.data_source), []).append(problem)
+    return [Benchmark(bench, path.resolve(), tuple(found), rows) for bench, found in by_source.items()]
 
 
 def read_problems(path: Path) -> tuple[tuple[Problem, ...], int]:

@@ -78,6 +78,14 @@ def plan_run(spec: ExperimentSpec, run_dir: Path, sweep: str) -> RunPlan:
     )
 
 
+def rehome(plan: RunPlan, run_dir: Path) -> RunPlan:
+    """The plan of a run whose directory is elsewhere: a run is its spec, shared by every sweep that
+    lists it, and stays in the directory of the sweep that created it (the store knows which)."""
+    from rpg_cli.spec import ExperimentSpec
+
+    return plan_run(ExperimentSpec.model_validate(plan.spec), run_dir, plan.sweep)
+
+
 def plan_sweep(sweep: SweepSpec, runs_root: Path, backend: str | None = None) -> list[RunPlan]:
     """One plan per distinct cell, run directories at `<runs_root>/<sweep>/<run name>/` (absolute).
 

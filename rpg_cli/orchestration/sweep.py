@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING
 
 from rpg_cli import rundir
 from rpg_cli.orchestration.head import DEFAULT_RUNS_DIR, ClusterError, connect, one_line, stop_local_head
-from rpg_cli.orchestration.plan import RunPlan, failure_reason, launcher
+from rpg_cli.orchestration.plan import RunPlan, failure_reason, launcher, rehome
 from rpg_cli.orchestration.submit import from_ms, ray_jobs, run_state, submit, tail_logs
 from rpg_cli.states import ATTACH, DONE, LIVE, SKIP, STATUSES, TERMINAL, run_action
 from rpg_cli.store import DEFAULT_DB_URL, StoreError, open_store
@@ -107,7 +107,8 @@ def run_sweep(
     _preflight(plans, db_url)
     store = open_store(db_url)
     try:
-        store.record_plans(plans, sweep_name)
+        homes = store.record_plans(plans, sweep_name)  # a run another sweep created keeps its directory
+        plans = [p if Path(p.run_dir).resolve() == homes[p.id] else rehome(p, homes[p.id]) for p in plans]
         ids = [p.id for p in plans]
         try:
             jobs = ray_jobs(client)

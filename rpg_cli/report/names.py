@@ -33,24 +33,7 @@ CONTEXT_ORDER = {"2K": 0, "4K": 1, "8K": 2}
 NOT_A_VARIANT = {"seed", "model", "context", "model_max_length", "data", "backend", "resources"}
 OPTIMIZER_NAMES = {"adamw": "AdamW", "schedule_free": "Schedule-Free"}
 
-# verl names validation sets by data_source; the paper's evaluation files use these.
-BENCHMARK_ALIASES = {
-    "math_dapo": "aime24",  # DAPO's AIME 2024 file keeps the training set's data_source
-    "aime2024": "aime24",
-    "aime_2024": "aime24",
-    "aime-2024": "aime24",
-    "aime2025": "aime25",
-    "aime_2025": "aime25",
-    "aime-2025": "aime25",
-    "amc_23": "amc23",
-    "amc2023": "amc23",
-    "amc-23": "amc23",
-}
 BENCHMARK_ORDER = {"aime24": 0, "aime25": 1, "amc23": 2}
-
-
-def benchmark_name(data_source: str) -> str:
-    return BENCHMARK_ALIASES.get(data_source, data_source)
 
 
 def method_base(spec: dict[str, Any]) -> str:

@@ -11,7 +11,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from rpg_cli.report.names import benchmark_name
+from rpg_cli.benchmarks import benchmark_name
 from rpg_cli.store.ingest import VERL_VAL_SCORER
 
 if TYPE_CHECKING:
@@ -128,26 +128,43 @@ def scores(store: Store, run_ids: Sequence[str], metric: str = "mean@k") -> Scor
     if own:
         k_eval = k if k is not None else max(c[1] for c in own)
         scorer = _most_rows_scorer(store, run_ids, stat, k_eval, sorted({c[2] for c in own if c[1] == k_eval}))
-        found_rows = store.last_and_best_evals(run_ids, _eval_names(stat, k_eval, scorer), k_eval, scorer)
-        for run_id, bench, last_step, n, last, best, first_step, first in found_rows:
+        names = _eval_names(stat, k_eval, scorer)
+        (protocol, _), *others = store.eval_protocols(run_ids, names, k_eval, scorer)
+        for run_id, bench, last_step, n, last, best, first_step, first in store.last_and_best_evals(
+            run_ids, names, k_eval, scorer, protocol
+        ):
             values.setdefault(run_id, {})[bench] = Score(last, best, last_step, n, first_step, first)
-        sources.append(f"rpg eval (scorer {scorer}, {stat}@{k_eval}): {runs_text(len(values))}")
+        sources.append(
+            f"rpg eval (scorer {scorer}, {stat}@{k_eval}, {protocol_text(protocol)}): {runs_text(len(values))}"
+        )
+        sources += _left_out(others, values, "evaluated")
         resolved.append(f"{stat}@{k_eval}")
 
     rest = [r for r in run_ids if r not in values]
     copied = [c for c in combos if c[2] == VERL_VAL_SCORER]
+    validated: set[str] = set()  # runs whose logged validation the store copied, under any protocol
     if rest and copied:
         k_val = k if k is not None else max(c[1] for c in copied)
+        names = _eval_names(stat, k_val, VERL_VAL_SCORER)
+        protocols = store.eval_protocols(rest, names, k_val, VERL_VAL_SCORER)
+        validated = set().union(*(runs for _, runs in protocols))
         found: set[str] = set()
-        found_rows = store.last_and_best_evals(rest, _eval_names(stat, k_val, VERL_VAL_SCORER), k_val, VERL_VAL_SCORER)
-        for run_id, source, last_step, n, last, best, first_step, first in found_rows:
-            values.setdefault(run_id, {})[benchmark_name(source)] = Score(last, best, last_step, n, first_step, first)
-            found.add(run_id)
+        if protocols:
+            (protocol, _), *others = protocols
+            for run_id, source, last_step, n, last, best, first_step, first in store.last_and_best_evals(
+                rest, names, k_val, VERL_VAL_SCORER, protocol
+            ):
+                values.setdefault(run_id, {})[benchmark_name(source)] = Score(
+                    last, best, last_step, n, first_step, first
+                )
+                found.add(run_id)
+            sources += _left_out(others, values, "validated")
         if found:
-            sources.append(f"training validation ({stat}@{k_val}): {runs_text(len(found))}")
+            sources.append(f"training validation ({stat}@{k_val}, {protocol_text(protocol)}): {runs_text(len(found))}")
             resolved.append(f"{stat}@{k_val}")
 
-    rest = [r for r in run_ids if r not in values]
+    # logged before the store copied validation into evals (a version 1 database): read from metrics
+    rest = [r for r in run_ids if r not in values and r not in validated]
     by_key = pick_val_keys(val_keys(store, rest), stat, k) if rest else {}
     if by_key:
         found = set()
@@ -166,6 +183,23 @@ def scores(store: Store, run_ids: Sequence[str], metric: str = "mean@k") -> Scor
             "run `rpg eval RUN` (or train with validation on)"
         )
     return Scores(values, sources, "/".join(dict.fromkeys(resolved)))
+
+
+def protocol_text(protocol: dict) -> str:
+    """How the samples of a score were drawn, in a few words."""
+    return (
+        f"n={protocol['n']} T={protocol['temperature']:g} top_p={protocol['top_p']:g} "
+        f"max_tokens={protocol['max_tokens']} seed={protocol['seed']}"
+    )
+
+
+def _left_out(others: list, values: dict, how: str) -> list[str]:
+    """A source line for the runs scored only under protocols other than the one shown: never mixed."""
+    runs = set().union(*(r for _, r in others)) - set(values) if others else set()
+    if not runs:
+        return []
+    shown = "; ".join(protocol_text(p) for p, _ in others[:2]) + ("; ..." if len(others) > 2 else "")
+    return [f"left out: {runs_text(len(runs))} {how} only under another protocol ({shown})"]
 
 
 def runs_text(n: int) -> str:

@@ -19,18 +19,28 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING, Any
 
-from rpg_cli.store.url import DEFAULT_DB_URL, StoreError, normalize_url, sqlite_path
+from rpg_cli.store.url import (
+    DEFAULT_DB_URL,
+    EmptyStoreError,
+    NoStoreError,
+    StoreError,
+    display_url,
+    normalize_url,
+    sqlite_path,
+)
 
 if TYPE_CHECKING:
     from rpg_cli.store.db import PlannedRun, RunRecord, Store, open_store
     from rpg_cli.store.ingest import VERL_VAL_SCORER, parse_metric_lines
     from rpg_cli.store.light import run_states
+    from rpg_cli.store.queries import ProblemScore
 
 _LAZY = {
     "Store": "db",
     "RunRecord": "db",
     "PlannedRun": "db",
     "open_store": "db",
+    "ProblemScore": "queries",
     "parse_metric_lines": "ingest",
     "VERL_VAL_SCORER": "ingest",
     "run_states": "light",
@@ -38,11 +48,15 @@ _LAZY = {
 
 __all__ = [
     "DEFAULT_DB_URL",
+    "EmptyStoreError",
+    "NoStoreError",
     "PlannedRun",
+    "ProblemScore",
     "RunRecord",
     "Store",
     "StoreError",
     "VERL_VAL_SCORER",
+    "display_url",
     "normalize_url",
     "open_store",
     "parse_metric_lines",

@@ -8,8 +8,12 @@ without losing rows or failing on lock upgrades. Opening migrates an older datab
 
 from __future__ import annotations
 
+import contextlib
 import json
-from collections.abc import Iterable, Mapping
+import logging
+import os
+import sqlite3
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
@@ -20,12 +24,31 @@ import sqlalchemy as sa
 from rpg_cli import rundir
 from rpg_cli.states import STATUSES, TERMINAL
 from rpg_cli.store import migrations
-from rpg_cli.store.ingest import ingest_rows, parse_metric_lines
+from rpg_cli.store.ingest import (
+    VERL_VAL_SCORER,
+    VERL_VAL_SCORER_VERSION,
+    ValRow,
+    file_id,
+    fingerprint,
+    ingest_rows,
+    parse_metric_lines,
+    segments,
+)
 from rpg_cli.store.queries import Queries
 from rpg_cli.store.schema import schema
-from rpg_cli.store.url import DEFAULT_DB_URL, SQLITE_BUSY_TIMEOUT_S, StoreError, normalize_url, sqlite_path
+from rpg_cli.store.url import (
+    DEFAULT_DB_URL,
+    SQLITE_BUSY_TIMEOUT_S,
+    EmptyStoreError,
+    NoStoreError,
+    StoreError,
+    display_url,
+    normalize_url,
+    sqlite_path,
+)
 
 ERROR_TAIL_CHARS = 2000
+_log = logging.getLogger("rpg_cli.store")
 
 
 def _now() -> datetime:
@@ -85,26 +108,42 @@ class Store(Queries):
     def record_plan(self, plan: PlannedRun, sweep: str | None = None) -> None:
         self.record_plans([plan], sweep)
 
-    def record_plans(self, plans: Iterable[PlannedRun], sweep: str | None = None) -> None:
-        """Insert runs that are new (status pending); refresh name/spec/dir of known ones, keep their state."""
+    def record_plans(self, plans: Iterable[PlannedRun], sweep: str | None = None) -> dict[str, Path]:
+        """Record that the sweep lists these runs; returns each run's directory.
+
+        A run is its spec (its id): new ones are inserted (status pending, their directory the plan's);
+        a known one keeps its state and its directory (the first sweep that listed it made it, and its
+        checkpoints and metrics are there) and joins this sweep too.
+        """
         t = self.t
-        with self._writer.begin() as conn:
+        homes: dict[str, Path] = {}
+        with self._write() as conn:
             for plan in plans:
                 sweep_name = sweep or plan.sweep
                 if conn.execute(sa.select(t.sweeps.c.name).where(t.sweeps.c.name == sweep_name)).first() is None:
                     conn.execute(t.sweeps.insert().values(name=sweep_name, created_at=_now()))
-                fields = {
-                    "sweep": sweep_name,
-                    "name": plan.name,
-                    "spec": plan.spec,
-                    "backend": plan.backend,
-                    "run_dir": str(Path(plan.run_dir).resolve()),
-                }
-                known = conn.execute(t.runs.update().where(t.runs.c.id == plan.id).values(**fields)).rowcount
-                if not known:
+                home = conn.execute(sa.select(t.runs.c.run_dir).where(t.runs.c.id == plan.id)).scalar()
+                if home is None:
+                    home = str(Path(plan.run_dir).resolve())
                     conn.execute(
-                        t.runs.insert().values(id=plan.id, status="pending", attempts=0, created_at=_now(), **fields)
+                        t.runs.insert().values(
+                            id=plan.id,
+                            sweep=sweep_name,
+                            name=plan.name,
+                            spec=plan.spec,
+                            backend=plan.backend,
+                            run_dir=home,
+                            status="pending",
+                            attempts=0,
+                            created_at=_now(),
+                        )
                     )
+                m = t.sweep_runs.c
+                member = sa.select(m.run_id).where(m.sweep == sweep_name, m.run_id == plan.id)
+                if conn.execute(member).first() is None:
+                    conn.execute(t.sweep_runs.insert().values(sweep=sweep_name, run_id=plan.id, added_at=_now()))
+                homes[plan.id] = Path(home)
+        return homes
 
     def run(self, run_id: str) -> RunRecord | None:
         found = self.runs(ids=[run_id])
@@ -117,11 +156,13 @@ class Store(Queries):
         ids: Iterable[str] | None = None,
         name: str | None = None,
     ) -> list[RunRecord]:
-        """Runs matching every filter given, ordered by sweep, then creation."""
+        """Runs matching every filter given (`sweep`: the runs it lists), ordered by the sweep that
+        created them, then creation."""
         c = self.t.runs.c
         query = sa.select(self.t.runs).order_by(c.sweep, c.created_at, c.name)
         if sweep is not None:
-            query = query.where(c.sweep == sweep)
+            m = self.t.sweep_runs.c
+            query = query.where(c.id.in_(sa.select(m.run_id).where(m.sweep == sweep)))
         if status is not None:
             query = query.where(c.status.in_([status] if isinstance(status, str) else list(status)))
         if ids is not None:
@@ -170,7 +211,7 @@ class Store(Queries):
             values["started_at"] = sa.func.coalesce(c.started_at, started_at or when)
         if status in TERMINAL:
             values["finished_at"] = when
-        with self._writer.begin() as conn:
+        with self._write() as conn:
             if not conn.execute(self.t.runs.update().where(c.id == run_id).values(**values)).rowcount:
                 raise StoreError(f"no run {run_id!r} in the store")
 
@@ -178,10 +219,11 @@ class Store(Queries):
         """Record the intent to submit the run once more: returns (attempt, submission id).
 
         Ray never reuses a submission id, so attempt 1 is submitted as the run id and attempt n as
-        `<run id>-<n>`. The run's metrics are cleared: the new attempt's metrics.jsonl is read afresh.
+        `<run id>-<n>`. The run's metrics stay: the new attempt's metrics.jsonl says which of them it
+        redoes (ingest.py), and verl's, started over, no longer holds the steps before its checkpoint.
         """
         t = self.t
-        with self._writer.begin() as conn:
+        with self._write() as conn:
             attempts = conn.execute(sa.select(t.runs.c.attempts).where(t.runs.c.id == run_id)).scalar_one_or_none()
             if attempts is None:
                 raise StoreError(f"no run {run_id!r} in the store")
@@ -199,66 +241,119 @@ class Store(Queries):
                     finished_at=None,
                 )
             )
-            conn.execute(t.metrics.delete().where(t.metrics.c.run_id == run_id))
-            conn.execute(t.metric_files.delete().where(t.metric_files.c.run_id == run_id))
         return attempt, submission_id
 
     # -- metrics ------------------------------------------------------------------------------
 
     def ingest_metrics(self, run_id: str, path: str | Path) -> int:
-        """Add the new lines of a run's metrics.jsonl; returns the number of metric values read.
+        """Add what is new in a run's metrics.jsonl; returns the number of metric values read.
 
-        One pass: the metrics go to `metrics`, and the validation accuracy among them (verl's names,
-        see ingest.py) to `evals` under the scorer "verl-val", in the same transaction.
-        Incremental: only bytes past the remembered offset are read. Idempotent: re-ingesting adds
-        nothing, and rows are upserted on their keys, so two processes ingesting the same file at
-        once agree, and a step logged twice (a resumed trainer) keeps its last value. A file that
-        shrank was rewritten: the run's metrics are read again from its start.
+        One pass: the metrics go to `metrics`, and the validation accuracy among them (ingest.py) to
+        `evals` under the scorer "verl-val", in the same transaction. Rows are keyed by (run, step,
+        key) and the latest line wins; a restart line voids the steps above its checkpoint.
+        Incremental: only bytes past the remembered offset are read, and only while the file is the
+        one read before: the same device and inode, and the same bytes where reading began and
+        stopped (a fingerprint). A file started over or rewritten is read again from its start, as a
+        restart (ingest.py). Concurrent ingestions of one run serialize: each commits only over the
+        state it started from, else reads again. Corrupt lines: a warning with the file's line
+        number, once, and skipped.
         """
         path = Path(path).resolve()
+        for _ in range(20):
+            done = self._ingest_once(run_id, path)
+            if done is not None:
+                return done
+        raise StoreError(f"could not ingest {path}: other processes kept ingesting it; try again")
+
+    def _ingest_once(self, run_id: str, path: Path) -> int | None:
+        """One try of ingest_metrics; None when another process ingested the run in between."""
         mf = self.t.metric_files
         with self.engine.connect() as conn:
-            state = conn.execute(sa.select(mf.c.path, mf.c.offset).where(mf.c.run_id == run_id)).first()
-        start = state.offset if state is not None and state.path == str(path) else 0
+            state = conn.execute(sa.select(mf).where(mf.c.run_id == run_id)).mappings().first()
         try:
-            size = path.stat().st_size
+            f = open(path, "rb")  # noqa: SIM115 (closed by the with below)
         except FileNotFoundError:
             return 0
-        if size < start:  # the file shrank: it was rewritten
-            start = 0
-        if size == start:
-            return 0
-        with open(path, "rb") as f:
+        with f:
+            stat = os.fstat(f.fileno())
+            start, lines_before = 0, 0
+            if (
+                state is not None
+                and state["path"] == str(path)
+                and state["file_id"] == file_id(stat)
+                and state["offset"] <= stat.st_size
+                and state["fingerprint"] == fingerprint(f, state["offset"])
+            ):
+                start, lines_before = state["offset"], state["lines"] or 0
+            if stat.st_size == start:
+                return 0
             f.seek(start)
-            records, consumed = parse_metric_lines(f.read(size - start))
-        if consumed == 0:
-            return 0
-        rows, val_rows = ingest_rows(run_id, records)
-        last_step = max((step for step, _ in records), default=None)
-        seen = (state.path, state.offset) if state is not None else None
-        with self._writer.begin() as conn:
-            now = conn.execute(sa.select(mf.c.path, mf.c.offset, mf.c.last_step).where(mf.c.run_id == run_id)).first()
-            # Start over (file rewritten or moved) only if no other process ingested in between.
-            reset = start == 0 and seen is not None and now is not None and (now.path, now.offset) == seen
-            if reset:
-                conn.execute(self.t.metrics.delete().where(self.t.metrics.c.run_id == run_id))
-            if rows:
-                self._bulk_upsert(conn, self.t.metrics, rows)
-            if val_rows:
-                self._bulk_upsert(conn, self.t.evals, val_rows)
+            parsed = parse_metric_lines(f.read(stat.st_size - start))
+            if parsed.consumed == 0:
+                return 0
+            offset = start + parsed.consumed
+            seal = fingerprint(f, offset)
+        count = 0
+        with self._write() as conn:
+            now = conn.execute(sa.select(mf).where(mf.c.run_id == run_id)).mappings().first()
+            if (None if now is None else dict(now)) != (None if state is None else dict(state)):
+                return None  # another process ingested meanwhile: start again from what it left
+            last_step = None if start == 0 or state is None else state["last_step"]
+            dropped = False
+            for restart, keep, records in segments(parsed.events, from_start=start == 0):
+                if restart:
+                    dropped = True
+                    self._drop_steps_after(conn, run_id, keep)
+                    last_step = None if keep is None or last_step is None else min(last_step, keep)
+                rows, val_rows = ingest_rows(run_id, records)
+                if rows:
+                    self._bulk_upsert(conn, self.t.metrics, rows)
+                if val_rows:
+                    self._bulk_upsert(conn, self.t.evals, self._val_evals(conn, run_id, val_rows))
+                count += len(rows)
+                last_step = max((s for s in (last_step, *(step for step, _ in records)) if s is not None), default=None)
+            if dropped:  # steps of an earlier attempt may remain below the restart
+                m = self.t.metrics.c
+                kept = conn.execute(sa.select(sa.func.max(m.step)).where(m.run_id == run_id)).scalar()
+                last_step = max((s for s in (last_step, kept) if s is not None), default=None)
+            values = {
+                "path": str(path),
+                "offset": offset,
+                "last_step": last_step,
+                "file_id": file_id(stat),
+                "fingerprint": seal,
+                "lines": lines_before + parsed.lines,
+            }
             if now is None:
-                conn.execute(
-                    mf.insert().values(run_id=run_id, path=str(path), offset=start + consumed, last_step=last_step)
-                )
-            else:  # unless starting over, never move backwards: another process may have gone further
-                offset = start + consumed if reset else max(now.offset, start + consumed)
-                steps = [s for s in (None if reset else now.last_step, last_step) if s is not None]
-                conn.execute(
-                    mf.update()
-                    .where(mf.c.run_id == run_id)
-                    .values(path=str(path), offset=offset, last_step=max(steps, default=None))
-                )
-        return len(rows)
+                conn.execute(mf.insert().values(run_id=run_id, **values))
+            else:
+                conn.execute(mf.update().where(mf.c.run_id == run_id).values(**values))
+        for index, why in parsed.bad:  # after the commit: a line is warned about when it is read, once
+            _log.warning("%s line %d: %s; skipped", path, lines_before + index + 1, why)
+        return count
+
+    def _drop_steps_after(self, conn: sa.Connection, run_id: str, keep: int | None) -> None:
+        """A restart: the run's metrics (and validation copies) of steps above `keep` are void."""
+        m, e = self.t.metrics.c, self.t.evals.c
+        conn.execute(self.t.metrics.delete().where(m.run_id == run_id, *([m.step > keep] if keep is not None else [])))
+        conn.execute(
+            self.t.evals.delete().where(
+                e.run_id == run_id, e.scorer == VERL_VAL_SCORER, *([e.step > keep] if keep is not None else [])
+            )
+        )
+
+    def _val_evals(self, conn: sa.Connection, run_id: str, val_rows: list[ValRow]) -> list[tuple[Any, ...]]:
+        """`evals` rows (in column order) of the validation the run logged: its spec's validation
+        protocol (n samples per problem, temperature, top_p, response length; seed 0: not recorded)."""
+        from rpg_cli.spec import val_sampling
+
+        spec = conn.execute(sa.select(self.t.runs.c.spec).where(self.t.runs.c.id == run_id)).scalar()
+        p = val_sampling(json.loads(spec) if isinstance(spec, str) else spec)
+        protocol = (p["n"], p["temperature"], p["top_p"], p["max_tokens"], 0)
+        return [
+            (run_id, step, bench, metric, k, VERL_VAL_SCORER, *protocol, value, VERL_VAL_SCORER_VERSION)
+            for step, bench, metric, k, value in val_rows
+        ]
 
     def latest(self, run_id: str) -> tuple[int | None, dict[str, float | None]]:
         """The run's last logged step and every value logged at it; (None, {}) before any metric."""
@@ -303,18 +398,34 @@ class Store(Queries):
     # -- evaluation -----------------------------------------------------------------------------
 
     def record_evals(self, rows: Iterable[Mapping[str, Any]]) -> int:
-        """Upsert eval scores: dicts with run_id, step, benchmark, metric, k, scorer, value, scorer_version."""
+        """Upsert eval scores: dicts with run_id, step, benchmark, metric, k, scorer, the protocol (n,
+        temperature, top_p, max_tokens, seed), value, scorer_version."""
         return self._upsert_rows(self.t.evals, rows)
 
     def record_samples(self, rows: Iterable[Mapping[str, Any]]) -> int:
-        """Upsert scored samples: dicts with run_id, step, benchmark, problem, sample_index, scorer,
+        """Upsert scored samples: dicts with run_id, step, benchmark, problem (its fingerprint),
+        sample_index, scorer, the protocol (n, temperature, top_p, max_tokens, seed), position,
         extracted, correct, response_length."""
         return self._upsert_rows(self.t.samples, rows)
+
+    @contextlib.contextmanager
+    def _write(self) -> Iterator[sa.Connection]:
+        """A write transaction (IMMEDIATE on SQLite); a database that cannot be written is a StoreError."""
+        try:
+            with self._writer.begin() as conn:
+                yield conn
+        except sa.exc.OperationalError as exc:
+            if "readonly" in str(exc) or "read-only" in str(exc):
+                raise StoreError(
+                    f"the results database {display_url(str(self.engine.url))} is read-only; "
+                    "make it (and its directory) writable, or pass --db URL"
+                ) from None
+            raise
 
     def _upsert_rows(self, table: sa.Table, rows: Iterable[Mapping[str, Any]]) -> int:
         rows = [dict(r) for r in rows]
         if rows:
-            with self._writer.begin() as conn:
+            with self._write() as conn:
                 conn.execute(self._upsert(table), rows)
         return len(rows)
 
@@ -364,33 +475,123 @@ def _run_record(row: Mapping[str, Any]) -> RunRecord:
 
 
 def open_store(db_url: str = DEFAULT_DB_URL, create: bool = True) -> Store:
-    """Open (and with `create`, create: parent directory, file, tables) the database at `db_url`,
-    upgrading an older schema in place (migrations.py).
+    """Open the database at `db_url`, upgrading an older schema in place (migrations.py). With
+    `create` (the commands that record runs) create what is missing: parent directory, file, tables.
 
-    With create=False a missing SQLite file raises StoreError instead of appearing.
+    Without `create` (the commands that read) nothing is created or changed but an upgrade: a missing
+    SQLite file is a NoStoreError; a file the user cannot write is read as it is (read-only); an
+    empty database (no rpg tables) is a StoreError. Every problem with the URL, its driver, the
+    server or the file is a StoreError with one line naming it and the fix; no traceback.
     """
     url = normalize_url(db_url)
+    shown = display_url(url)
     path = sqlite_path(url)
-    if path is not None and path:
+    read_only = False
+    if path:
+        file = Path(path)
+        if not create and not file.is_file():
+            raise NoStoreError(f"no results database at {path}; run `rpg sweep SPEC` first, or pass --db URL")
         if create:
-            Path(path).parent.mkdir(parents=True, exist_ok=True)
-        elif not Path(path).is_file():
-            raise StoreError(f"no results database at {path}; run `rpg sweep SPEC` first, or pass --db URL")
-    engine = sa.create_engine(
-        url, connect_args={"timeout": SQLITE_BUSY_TIMEOUT_S} if path is not None else {}, future=True
-    )
+            try:
+                file.parent.mkdir(parents=True, exist_ok=True)
+            except OSError as exc:
+                raise StoreError(
+                    f"cannot create {file.parent} for the results database ({exc.strerror}); "
+                    "pass --db PATH in a directory you can write"
+                ) from None
+        writable = os.access(file.parent, os.W_OK) and (not file.exists() or os.access(file, os.W_OK))
+        if not writable and create:
+            raise StoreError(
+                f"the results database {path} is read-only (it or its directory); make it writable, or pass --db PATH"
+            )
+        read_only = not writable
+    engine = _engine(url, shown, path, read_only)
     if path is not None:
-        _configure_sqlite(engine)
+        _configure_sqlite(engine, journal=create)
     store = Store(engine)
-    with engine.connect() as conn:  # reading the version takes no write lock: `rpg runs` never waits here
-        version = migrations.current_version(conn, store.t)
-    if version != migrations.LATEST and (version or create):
-        with store._writer.begin() as conn:  # one IMMEDIATE transaction: concurrent openers serialize
-            migrations.migrate(conn, store.t)
+    try:
+        with engine.connect() as conn:  # reading the version takes no write lock: `rpg runs` never waits here
+            version = migrations.current_version(conn, store.t)
+        if not version and not create:
+            raise EmptyStoreError(
+                f"the results database {path or shown} is empty (no rpg tables yet); "
+                "run `rpg sweep SPEC` to create them, or pass --db URL"
+            )
+        if version != migrations.LATEST:
+            if read_only:
+                raise StoreError(
+                    f"the results database {path} is at schema version {version} and read-only: open it once with "
+                    "write access (e.g. `rpg runs`) to upgrade it"
+                )
+            with store._write() as conn:  # one IMMEDIATE transaction: concurrent openers serialize
+                migrations.migrate(conn, store.t)
+    except sa.exc.DBAPIError as exc:
+        engine.dispose()
+        raise StoreError(_unusable(exc, path, shown)) from None
+    except BaseException:
+        engine.dispose()
+        raise
     return store
 
 
-def _configure_sqlite(engine: sa.Engine) -> None:
+def _engine(url: str, shown: str, path: str | None, read_only: bool) -> sa.Engine:
+    """The engine for `url`: a driver that is installed, SQLite read-only when the file cannot be written."""
+    if path is not None:
+        if read_only:
+            # No -wal file: no writer is live and the file is the whole database; read it as immutable
+            # (read-only WAL access would need to create -shm beside it). Else share the writer's files.
+            flags = "mode=ro" + ("" if Path(f"{path}-wal").exists() else "&immutable=1")
+            uri = f"{Path(path).resolve().as_uri()}?{flags}"
+            return sa.create_engine(
+                "sqlite://",
+                creator=lambda: sqlite3.connect(uri, uri=True, timeout=SQLITE_BUSY_TIMEOUT_S, check_same_thread=False),
+            )
+        return sa.create_engine(url, connect_args={"timeout": SQLITE_BUSY_TIMEOUT_S})
+    scheme = url.split("://", 1)[0]
+    if scheme in ("postgresql", "postgres"):  # the driver SQLAlchemy picks by default, else the one installed
+        import importlib.util
+
+        if importlib.util.find_spec("psycopg2") is None and importlib.util.find_spec("psycopg") is not None:
+            scheme = "postgresql+psycopg"
+        url = f"{scheme if scheme != 'postgres' else 'postgresql'}://{url.split('://', 1)[1]}"
+    try:
+        return sa.create_engine(url)
+    except sa.exc.NoSuchModuleError:
+        raise StoreError(
+            f"unknown database URL scheme {scheme!r} in --db {shown}; use sqlite:///FILE (or a file path) "
+            "or postgresql://USER@HOST/DATABASE"
+        ) from None
+    except sa.exc.ArgumentError as exc:
+        raise StoreError(
+            f"--db {shown} is not a database URL ({exc}); use sqlite:///FILE or postgresql://..."
+        ) from None
+    except ImportError as exc:
+        driver = exc.name or str(exc)
+        hint = (
+            "pip install 'psycopg[binary]'" if scheme.startswith("postgres") else f"install the Python package {driver}"
+        )
+        raise StoreError(
+            f"the database driver for {scheme} ({driver}) is not installed; {hint}, or name the driver in "
+            f"the URL ({scheme.split('+')[0]}+DRIVER://...)"
+        ) from None
+
+
+def _unusable(exc: sa.exc.DBAPIError, path: str | None, shown: str) -> str:
+    """One line for a database that would not open."""
+    reason = str(exc.orig).strip().splitlines()[0] if exc.orig is not None else type(exc).__name__
+    if path is not None:
+        if "not a database" in reason or "malformed" in reason:
+            return (
+                f"{path} is not a usable SQLite database ({reason}); point --db at rpg's results database, "
+                "or move the file away to start a new one"
+            )
+        return f"cannot open the results database {path} ({reason}); check the file and its directory, or pass --db"
+    return f"cannot use the results database {shown} ({reason}); check the URL, the server and your access"
+
+
+def _configure_sqlite(engine: sa.Engine, journal: bool) -> None:
+    """Busy timeout and BEGIN IMMEDIATE for writes; with `journal` (a writer's open), WAL mode, which
+    the file keeps: a reader never changes the file, so a read-only or empty file stays as it is."""
     from sqlalchemy import event
 
     @event.listens_for(engine, "connect")
@@ -398,7 +599,8 @@ def _configure_sqlite(engine: sa.Engine) -> None:
         dbapi_conn.isolation_level = None  # SQLAlchemy emits BEGIN itself (below)
         cursor = dbapi_conn.cursor()
         cursor.execute(f"PRAGMA busy_timeout = {int(SQLITE_BUSY_TIMEOUT_S * 1000)}")
-        cursor.execute("PRAGMA journal_mode = WAL")  # readers never block the writer, nor it them
+        if journal:
+            cursor.execute("PRAGMA journal_mode = WAL")  # readers never block the writer, nor it them
         cursor.execute("PRAGMA synchronous = NORMAL")  # durable at every checkpoint; safe with WAL
         cursor.close()
 

@@ -9,15 +9,98 @@ runs). A new database is created at the latest version directly.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable
+from typing import Any
 
 import sqlalchemy as sa
 
-from rpg_cli.store.schema import Schema
+from rpg_cli.store.schema import Schema, schema
 from rpg_cli.store.url import StoreError
 
+# ------------------------------------------------------------------------------------------ version 2
+
+# What `rpg eval` of version 1 sampled with when told nothing: the run's val.temperature and val.top_p
+# (these defaults when its spec has none) and its response length. Frozen here: later defaults differ.
+_V1_TEMPERATURE, _V1_TOP_P, _V1_SEED = 1.0, 0.7, 0
+_V1_RESPONSE_LENGTH = {"2k": 2048, "4k": 4096, "8k": 8192}
+
+
+def _v1_sampling(spec: Any) -> dict[str, Any]:
+    spec = json.loads(spec) if isinstance(spec, str) else (spec or {})
+    val = spec.get("val") or {}
+    return {
+        "t": float(val.get("temperature", _V1_TEMPERATURE)),
+        "p": float(val.get("top_p", _V1_TOP_P)),
+        "m": _V1_RESPONSE_LENGTH.get(str(spec.get("context", "4k")), _V1_RESPONSE_LENGTH["4k"]),
+        "s": _V1_SEED,
+    }
+
+
+def _to_v2(conn: sa.Connection) -> None:
+    """Version 2: sweep membership, the identity of an ingested metrics file, the sampling protocol in
+    the identity of evals and samples, problems by fingerprint, one benchmark name.
+
+    Filled in as well as a version 1 database allows: each run belongs to the sweep that created it;
+    metric files are read once more from their start (their identity was not kept); a score's n is its
+    own k for mean/maj/std@k of `rpg eval` and otherwise the k of its evaluation's mean@k (pass@k with
+    k < n), a sample's n the number of samples of its evaluation; temperature, top_p and max_tokens
+    what version 1 sampled with (the run's val settings, else its defaults), seed 0 (its default);
+    samples keep their position, and `position-N` stands for the fingerprint of a problem whose text is
+    not in the database (a new `rpg eval` scores it afresh, from its cached responses when they exist);
+    training validation copies take the benchmark name `rpg eval` gives the same data source.
+    """
+    from rpg_cli.benchmarks import benchmark_name
+
+    t = schema()
+    for column, kind in (("file_id", "VARCHAR(100)"), ("fingerprint", "VARCHAR(64)"), ("lines", "BIGINT")):
+        conn.exec_driver_sql(f"ALTER TABLE metric_files ADD COLUMN {column} {kind}")
+    conn.exec_driver_sql("INSERT INTO sweep_runs (sweep, run_id, added_at) SELECT sweep, id, created_at FROM runs")
+
+    specs = dict(conn.exec_driver_sql("SELECT id, spec FROM runs").all())
+    for name in ("evals", "samples"):
+        conn.exec_driver_sql(f"CREATE TABLE {name}_v1 AS SELECT * FROM {name}")
+        conn.exec_driver_sql(f"DROP TABLE {name}")
+        getattr(t, name).create(conn)
+    evals = sa.text(
+        "INSERT INTO evals (run_id, step, benchmark, metric, k, scorer, n, temperature, top_p, max_tokens, seed,"
+        " value, scorer_version)"
+        " SELECT e.run_id, e.step, e.benchmark, e.metric, e.k, e.scorer,"
+        "  CASE WHEN e.scorer <> 'verl-val' AND e.metric IN ('mean@k', 'maj@k', 'std@k') THEN e.k"
+        "   ELSE COALESCE((SELECT MAX(m.k) FROM evals_v1 m WHERE m.run_id = e.run_id AND m.step = e.step"
+        "    AND m.benchmark = e.benchmark AND m.scorer = e.scorer AND m.metric = 'mean@k'), e.k) END,"
+        "  :t, :p, :m, :s, e.value, e.scorer_version"
+        " FROM evals_v1 e WHERE e.run_id = :run"
+    )
+    samples = sa.text(
+        "INSERT INTO samples (run_id, step, benchmark, problem, sample_index, scorer, n, temperature, top_p,"
+        " max_tokens, seed, position, extracted, correct, response_length)"
+        " SELECT s.run_id, s.step, s.benchmark, 'position-' || CAST(s.problem AS VARCHAR(20)), s.sample_index,"
+        "  s.scorer, g.n, :t, :p, :m, :s, s.problem, s.extracted, s.correct, s.response_length"
+        " FROM samples_v1 s JOIN (SELECT step, benchmark, scorer, MAX(sample_index) + 1 AS n FROM samples_v1"
+        "  WHERE run_id = :run GROUP BY step, benchmark, scorer) g"
+        "  ON g.step = s.step AND g.benchmark = s.benchmark AND g.scorer = s.scorer"
+        " WHERE s.run_id = :run"
+    )
+    for name, insert in (("evals", evals), ("samples", samples)):
+        for run_id in conn.exec_driver_sql(f"SELECT DISTINCT run_id FROM {name}_v1").scalars().all():
+            conn.execute(insert, {"run": run_id, **_v1_sampling(specs.get(run_id))})
+        conn.exec_driver_sql(f"DROP TABLE {name}_v1")
+
+    e = t.evals
+    for old in conn.execute(sa.select(e.c.benchmark).where(e.c.scorer == "verl-val").distinct()).scalars().all():
+        new = benchmark_name(old)
+        if new == old:
+            continue
+        twin = e.alias("twin")
+        same_key = [twin.c[c.name] == c for c in e.primary_key.columns if c.name != "benchmark"]
+        clash = sa.exists().where(twin.c.benchmark == new, *same_key)
+        conn.execute(e.delete().where(e.c.scorer == "verl-val", e.c.benchmark == old, clash))
+        conn.execute(e.update().where(e.c.scorer == "verl-val", e.c.benchmark == old).values(benchmark=new))
+
+
 # version -> the upgrade from version - 1
-MIGRATIONS: dict[int, Callable[[sa.Connection], None]] = {}
+MIGRATIONS: dict[int, Callable[[sa.Connection], None]] = {2: _to_v2}
 LATEST = max(MIGRATIONS, default=1)
 
 

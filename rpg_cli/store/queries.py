@@ -3,13 +3,35 @@ project lives in this package. Callers decide what to ask (which scorer, which k
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
-from typing import TYPE_CHECKING, Any
+from collections.abc import Iterable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 import sqlalchemy as sa
 
+from rpg_cli.store.schema import PROTOCOL
+
 if TYPE_CHECKING:
     from rpg_cli.store.schema import Schema
+
+Protocol = Mapping[str, Any]  # n, temperature, top_p, max_tokens, seed (schema.PROTOCOL): how samples were drawn
+
+
+class ProblemScore(NamedTuple):
+    """One problem's accuracy in one evaluation: the mean over its n samples (`Store.problem_scores`)."""
+
+    run_id: str
+    step: int
+    benchmark: str
+    scorer: str
+    n: int
+    temperature: float
+    top_p: float
+    max_tokens: int
+    seed: int
+    problem: str  # fingerprint of the prompt and the ground truth
+    position: int | None  # its index among the benchmark's unique problems
+    accuracy: float  # correct samples / n
+
 
 # (run_id, group, last step, values counted, value at the last step, best value, first step, value there)
 LastAndBest = tuple[str, str, int, int, "float | None", "float | None", int, "float | None"]
@@ -64,10 +86,30 @@ class Queries:
         with self.engine.connect() as conn:
             return sorted(conn.execute(query, {"ids": list(run_ids), "lo": prefix, "hi": hi}).scalars())
 
-    def last_and_best_evals(
+    def eval_protocols(
         self, run_ids: Sequence[str], metrics: Sequence[str], k: int, scorer: str
+    ) -> list[tuple[dict[str, Any], set[str]]]:
+        """The protocols (schema.PROTOCOL) under which these runs have `evals` rows of this k, scorer and
+        one of these metric names, each with the runs that have them: most runs first."""
+        e = self.t.evals.c
+        cols = [e[name] for name in PROTOCOL]
+        query = (
+            sa.select(*cols, e.run_id)
+            .where(e.run_id.in_(list(run_ids)), e.metric.in_(list(metrics)), e.k == k, e.scorer == scorer)
+            .distinct()
+        )
+        found: dict[tuple[Any, ...], set[str]] = {}
+        with self.engine.connect() as conn:
+            for *protocol, run_id in conn.execute(query):
+                found.setdefault(tuple(protocol), set()).add(run_id)
+        ranked = sorted(found.items(), key=lambda item: (-len(item[1]), item[0]))
+        return [(dict(zip(PROTOCOL, protocol)), runs) for protocol, runs in ranked]
+
+    def last_and_best_evals(
+        self, run_ids: Sequence[str], metrics: Sequence[str], k: int, scorer: str, protocol: Protocol | None = None
     ) -> list[LastAndBest]:
-        """Per (run, benchmark): Last/Best/first of the `evals` rows with one of these metric names."""
+        """Per (run, benchmark): Last/Best/first of the `evals` rows with one of these metric names,
+        under one protocol (give it when the runs have several: eval_protocols)."""
         e = self.t.evals.c
         filters = [
             e.run_id.in_(list(run_ids)),
@@ -75,6 +117,7 @@ class Queries:
             e.k == k,
             e.scorer == scorer,
             e.value.is_not(None),
+            *_same(self.t.evals, protocol),
         ]
         return self._last_and_best(self.t.evals, e.benchmark, filters)
 
@@ -152,25 +195,32 @@ class Queries:
     # -- samples and scores of one evaluation (`rpg eval`) -----------------------------------------
 
     def stored_samples(
-        self, run_id: str, step: int, benchmark: str, scorer: str, k: int
-    ) -> dict[int, list[tuple[str | None, bool]]]:
-        """Problems with all of samples 0..k-1 stored: problem -> [(extracted answer, correct)] in sample order."""
+        self, run_id: str, step: int, benchmark: str, scorer: str, protocol: Protocol
+    ) -> dict[str, list[tuple[str | None, bool]]]:
+        """Problems with all n samples stored under this protocol: problem -> [(extracted answer,
+        correct)] in sample order."""
         s = self.t.samples.c
         query = (
             sa.select(s.problem, s.sample_index, s.extracted, s.correct)
-            .where(s.run_id == run_id, s.step == step, s.benchmark == benchmark, s.scorer == scorer, s.sample_index < k)
+            .where(
+                s.run_id == run_id,
+                s.step == step,
+                s.benchmark == benchmark,
+                s.scorer == scorer,
+                *_same(self.t.samples, protocol),
+            )
             .order_by(s.problem, s.sample_index)
         )
-        by_problem: dict[int, list[tuple[str | None, bool]]] = {}
+        by_problem: dict[str, list[tuple[str | None, bool]]] = {}
         with self.engine.connect() as conn:
             for problem, _, extracted, correct in conn.execute(query):
                 by_problem.setdefault(problem, []).append((extracted, bool(correct)))
-        return {p: samples for p, samples in by_problem.items() if len(samples) == k}
+        return {p: samples for p, samples in by_problem.items() if len(samples) == protocol["n"]}
 
     def eval_values(
-        self, run_id: str, step: int, benchmark: str, scorer: str, metrics: Sequence[str]
+        self, run_id: str, step: int, benchmark: str, scorer: str, metrics: Sequence[str], protocol: Protocol
     ) -> list[tuple[str, int, float | None]]:
-        """(metric, k, value) of one evaluated checkpoint and benchmark."""
+        """(metric, k, value) of one evaluated checkpoint and benchmark under one protocol."""
         e = self.t.evals.c
         query = sa.select(e.metric, e.k, e.value).where(
             e.run_id == run_id,
@@ -178,22 +228,67 @@ class Queries:
             e.benchmark == benchmark,
             e.scorer == scorer,
             e.metric.in_(list(metrics)),
+            *_same(self.t.evals, protocol),
         )
         with self.engine.connect() as conn:
             return [tuple(r) for r in conn.execute(query)]
 
     def count_samples(
-        self, run_id: str, steps: Sequence[int], benchmark: str, scorer: str, k: int, problems: int
+        self,
+        run_id: str,
+        steps: Sequence[int],
+        benchmark: str,
+        scorer: str,
+        protocol: Protocol,
+        problems: Sequence[str],
     ) -> int:
-        """Samples stored for these checkpoints of a run: indices below k of problems below `problems`."""
+        """Samples stored for these checkpoints of a run, under this protocol, of these problems."""
         s = self.t.samples.c
         query = sa.select(sa.func.count()).where(
             s.run_id == run_id,
             s.step.in_(list(steps)),
             s.benchmark == benchmark,
             s.scorer == scorer,
-            s.sample_index < k,
-            s.problem < problems,
+            s.problem.in_(list(problems)),
+            *_same(self.t.samples, protocol),
         )
         with self.engine.connect() as conn:
             return conn.execute(query).scalar_one()
+
+    def problem_scores(
+        self,
+        run_ids: Sequence[str],
+        step: int | None = None,
+        benchmark: str | None = None,
+        scorer: str | None = None,
+    ) -> list[ProblemScore]:
+        """Per-problem accuracy (correct samples / n) of every evaluation of these runs stored with its
+        samples (`rpg eval`), optionally of one step, benchmark or scorer; each with its protocol.
+
+        What interval statistics start from: an evaluation is one (run, step, benchmark, scorer,
+        protocol); group the rows by it, never across protocols. Only problems with all n samples
+        stored count (an interrupted evaluation has the others still to come). Ordered by run, step,
+        benchmark, scorer, protocol, position.
+        """
+        s = self.t.samples.c
+        proto = [s[name] for name in PROTOCOL]
+        evaluation = [s.run_id, s.step, s.benchmark, s.scorer, *proto]
+        filters = [s.run_id.in_(list(run_ids))]
+        for column, value in ((s.step, step), (s.benchmark, benchmark), (s.scorer, scorer)):
+            if value is not None:
+                filters.append(column == value)
+        correct = sa.func.sum(sa.case((s.correct, 1), else_=0))
+        query = (
+            sa.select(*evaluation, s.problem, sa.func.min(s.position), correct, sa.func.count())
+            .where(*filters)
+            .group_by(*evaluation, s.problem)
+            .having(sa.func.count() == s.n)
+            .order_by(*evaluation, sa.func.min(s.position), s.problem)
+        )
+        with self.engine.connect() as conn:
+            return [ProblemScore(*row[:-2], row[-2] / row[-1]) for row in conn.execute(query)]
+
+
+def _same(table: sa.Table, protocol: Protocol | None) -> list[Any]:
+    """Filters: the rows of one protocol (none: any)."""
+    return [table.c[name] == protocol[name] for name in PROTOCOL] if protocol is not None else []

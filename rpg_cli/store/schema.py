@@ -1,13 +1,20 @@
 """The tables of the results store, at the latest schema version (migrations.py upgrades older files).
 
 sweeps        name, created_at
-runs          id, sweep, name, spec (JSON), backend, run_dir, status, submission_id, attempts,
-              created/started/finished_at (naive UTC), error (its tail)
-metrics       (run, key, step) -> value: the training metrics of metrics.jsonl
-metric_files  how far each run's metrics.jsonl has been ingested
-evals         (run, step, benchmark, metric, k, scorer) -> value, scorer_version
-samples       (run, step, benchmark, problem, sample_index, scorer) -> extracted, correct, length
+runs          id, sweep (the sweep that created it: its directory is under that sweep's), name, spec
+              (JSON), backend, run_dir, status, submission_id, attempts, created/started/finished_at
+              (naive UTC), error (its tail)
+sweep_runs    (sweep, run): every sweep that lists a run; a run is its spec, shared by the sweeps
+metrics       (run, key, step) -> value: the training metrics of metrics.jsonl, the latest attempt's
+metric_files  how far each run's metrics.jsonl has been read, and which file that was (identity)
+evals         (run, step, benchmark, metric, k, scorer, protocol) -> value, scorer_version
+samples       (run, step, benchmark, problem, sample_index, scorer, protocol) -> position, extracted,
+              correct, length; `problem` is a fingerprint of the prompt and the ground truth
 schema_version  one row: the version of this layout (see migrations.py)
+
+The protocol of a score is how its samples were drawn: n (samples per problem), temperature, top_p,
+max_tokens and seed. It is part of every score's identity, so that scores under different protocols
+never overwrite each other or mix: pass@k from n = 8 and from n = 32 are two rows.
 """
 
 from __future__ import annotations
@@ -24,11 +31,26 @@ class Schema(NamedTuple):
     metadata: sa.MetaData
     sweeps: sa.Table
     runs: sa.Table
+    sweep_runs: sa.Table
     metrics: sa.Table
     metric_files: sa.Table
     evals: sa.Table
     samples: sa.Table
     schema_version: sa.Table
+
+
+PROTOCOL = ("n", "temperature", "top_p", "max_tokens", "seed")
+
+
+def protocol_columns() -> list[sa.Column]:
+    """How the samples of a score were drawn (module docstring); part of the primary key."""
+    return [
+        sa.Column("n", sa.Integer, primary_key=True),  # samples per problem
+        sa.Column("temperature", sa.Float, primary_key=True),
+        sa.Column("top_p", sa.Float, primary_key=True),
+        sa.Column("max_tokens", sa.Integer, primary_key=True),
+        sa.Column("seed", sa.Integer, primary_key=True),
+    ]
 
 
 @functools.cache
@@ -60,6 +82,13 @@ def schema() -> Schema:
         sa.Column("error", sa.Text),  # the last ERROR_TAIL_CHARS of the failure message / log
         sa.CheckConstraint(f"status IN ({statuses})", name="runs_status"),
     )
+    sweep_runs = sa.Table(
+        "sweep_runs",
+        md,
+        sa.Column("sweep", sa.String(200), sa.ForeignKey("sweeps.name"), primary_key=True),
+        sa.Column("run_id", sa.String(64), run_fk(), primary_key=True, index=True),
+        sa.Column("added_at", sa.DateTime, nullable=False),
+    )
     # Primary key (run, key, step): unique on the three, and ordered so that "latest value of key k
     # for run r" is one index seek. WITHOUT ROWID on SQLite: the key is the row, no second b-tree.
     metrics = sa.Table(
@@ -71,7 +100,9 @@ def schema() -> Schema:
         sa.Column("value", sa.Float),  # NULL stands for NaN (SQLite cannot store NaN)
         sqlite_with_rowid=False,
     )
-    # How far each run's metrics.jsonl has been ingested, so re-ingesting reads only new bytes.
+    # How far each run's metrics.jsonl has been ingested, so re-ingesting reads only new bytes; and
+    # which file that was (device:inode, a fingerprint of what was read), so a file started over or
+    # rewritten is noticed whatever its size (ingest.py).
     metric_files = sa.Table(
         "metric_files",
         md,
@@ -79,6 +110,9 @@ def schema() -> Schema:
         sa.Column("path", sa.String(1000), nullable=False),
         sa.Column("offset", sa.BigInteger, nullable=False),
         sa.Column("last_step", sa.Integer),
+        sa.Column("file_id", sa.String(100)),  # NULL: not known (a version 1 row): read again
+        sa.Column("fingerprint", sa.String(64)),
+        sa.Column("lines", sa.BigInteger),  # lines read, for the line numbers of warnings
     )
     evals = sa.Table(
         "evals",
@@ -89,6 +123,7 @@ def schema() -> Schema:
         sa.Column("metric", sa.String(16), primary_key=True),  # mean@k | pass@k | maj@k
         sa.Column("k", sa.Integer, primary_key=True),
         sa.Column("scorer", sa.String(100), primary_key=True),
+        *protocol_columns(),
         sa.Column("value", sa.Float),
         sa.Column("scorer_version", sa.String(100)),
     )
@@ -98,12 +133,14 @@ def schema() -> Schema:
         sa.Column("run_id", sa.String(64), run_fk(), primary_key=True),
         sa.Column("step", sa.Integer, primary_key=True),
         sa.Column("benchmark", sa.String(100), primary_key=True),
-        sa.Column("problem", sa.Integer, primary_key=True),  # the problem's index in its benchmark
+        sa.Column("problem", sa.String(64), primary_key=True),  # fingerprint of prompt and ground truth
         sa.Column("sample_index", sa.Integer, primary_key=True),
         sa.Column("scorer", sa.String(100), primary_key=True),
+        *protocol_columns(),
+        sa.Column("position", sa.Integer),  # the problem's index among its benchmark's unique problems
         sa.Column("extracted", sa.Text),  # the extracted answer, NULL when none was found
         sa.Column("correct", sa.Boolean, nullable=False),
         sa.Column("response_length", sa.Integer),
     )
     schema_version = sa.Table("schema_version", md, sa.Column("version", sa.Integer, nullable=False))
-    return Schema(md, sweeps, runs, metrics, metric_files, evals, samples, schema_version)
+    return Schema(md, sweeps, runs, sweep_runs, metrics, metric_files, evals, samples, schema_version)

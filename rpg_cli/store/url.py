@@ -3,12 +3,27 @@ file path), and how long SQLite waits for a lock. Standard library only."""
 
 from __future__ import annotations
 
+import re
+
 DEFAULT_DB_URL = "sqlite:///runs/results.db"
 SQLITE_BUSY_TIMEOUT_S = 60.0
 
 
 class StoreError(RuntimeError):
     """A store problem the user can fix (missing database, unsupported URL); one-line message."""
+
+
+class NoStoreError(StoreError):
+    """No results database where one is read: nothing recorded there yet."""
+
+
+class EmptyStoreError(NoStoreError):
+    """A database without rpg's tables where one is read (a 0-byte file, a new PostgreSQL database)."""
+
+
+def display_url(db_url: str) -> str:
+    """The URL for a message: its password hidden."""
+    return re.sub(r"^([^:/]+://[^/@:]*:)[^/@]*@", r"\1***@", db_url)
 
 
 def normalize_url(db: str) -> str:

@@ -5,7 +5,9 @@
                                     the data position); written to a temporary directory and renamed,
                                     so a step_N directory is always complete.
     <run_dir>/metrics.jsonl         one line per step, {"step": N, "data": {...}}, flushed per line;
-                                    on resume, lines after the checkpoint are dropped (that work is redone).
+                                    only ever appended to: a resumed attempt appends a restart line
+                                    first, which voids the steps after its checkpoint (that work is
+                                    redone), so a reader that remembers an offset never loses a line.
 """
 
 from __future__ import annotations
@@ -52,26 +54,23 @@ def load_state(checkpoint: Path) -> dict[str, Any]:
 
 
 class MetricsLog:
-    """Append-only `metrics.jsonl` in verl's file-logger format."""
+    """Append-only `metrics.jsonl` in verl's file-logger format (rundir.py, store/ingest.py)."""
 
     def __init__(self, path: Path, keep_through: int | None):
-        """Keep the lines of steps <= keep_through (none when None) and drop the rest, atomically."""
+        """Continue the file of an earlier attempt, if any, with a restart line: the steps after
+        `keep_through` (all of them when None) it logged are void. A line cut short by a crash is
+        ended first, so the restart line stays a line of its own."""
         self.path = Path(path)
-        kept: list[str] = []
-        if keep_through is not None and self.path.exists():
-            for line in self.path.read_text(encoding="utf-8").splitlines():
-                try:
-                    step = json.loads(line)["step"]
-                except (ValueError, KeyError, TypeError):
-                    continue  # a line cut short by a crash
-                if isinstance(step, int) and step <= keep_through:
-                    kept.append(line)
-        rundir.write_atomic(self.path, "".join(f"{line}\n" for line in kept))
-        self.steps = [json.loads(line)["step"] for line in kept]
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        with self.path.open("a+b") as f:
+            if f.tell() > 0:
+                f.seek(-1, os.SEEK_END)
+                torn = f.read(1) != b"\n"
+                f.write((b"\n" if torn else b"") + rundir.restart_line(keep_through).encode())
+                f.flush()
 
     def write(self, step: int, data: dict[str, float]) -> None:
         line = json.dumps({"step": step, "data": data}, sort_keys=True)
         with self.path.open("a", encoding="utf-8") as handle:
             handle.write(line + "\n")
             handle.flush()
-        self.steps.append(step)
