@@ -1,0 +1,95 @@
+"""Fixtures shared by the store's tests: a real PostgreSQL server of the test session's own, and a
+database URL for each dialect the store supports (SQLite file, PostgreSQL database)."""
+
+from __future__ import annotations
+
+import contextlib
+import glob
+import os
+import pwd
+import shutil
+import socket
+import subprocess
+import tempfile
+import uuid
+from pathlib import Path
+
+import pytest
+
+
+def _postgres_bin() -> Path | None:
+    """The directory of initdb and pg_ctl: on PATH, else Debian's layout (postgresql-NN)."""
+    found = shutil.which("initdb")
+    if found and shutil.which("pg_ctl"):
+        return Path(found).resolve().parent
+    versions = sorted(glob.glob("/usr/lib/postgresql/*/bin/initdb"), key=lambda p: int(Path(p).parts[-3]))
+    return Path(versions[-1]).parent if versions else None
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="session")
+def postgres_server():
+    """A PostgreSQL server on 127.0.0.1 at a free port, its data in a temporary directory, stopped and
+    removed at the end of the session; skipped where PostgreSQL or the psycopg driver is absent.
+    Yields the URL of its `postgres` database (user rpg, trust authentication, local only)."""
+    bindir = _postgres_bin()
+    if bindir is None:
+        pytest.skip("PostgreSQL is not installed (initdb, pg_ctl)")
+    pytest.importorskip("psycopg", reason="the psycopg driver is not installed")
+    user = None
+    if os.geteuid() == 0:  # PostgreSQL refuses to run as root
+        try:
+            user = pwd.getpwnam("postgres")
+        except KeyError:
+            pytest.skip("running as root and there is no postgres user to run PostgreSQL as")
+    root = Path(tempfile.mkdtemp(prefix="rpg-pg-"))
+    if user is not None:
+        os.chown(root, user.pw_uid, user.pw_gid)
+    data, port = root / "data", _free_port()
+    run_as = {"user": user.pw_uid} if user is not None else {}
+
+    def ctl(*args: str) -> subprocess.CompletedProcess:
+        return subprocess.run(args, capture_output=True, text=True, timeout=120, **run_as)
+
+    init = ctl(str(bindir / "initdb"), "-D", str(data), "-U", "rpg", "--auth=trust", "-E", "UTF8", "--no-sync")
+    if init.returncode != 0:
+        shutil.rmtree(root, ignore_errors=True)
+        pytest.skip(f"initdb failed: {init.stderr.strip()[-300:]}")
+    options = f"-c listen_addresses=127.0.0.1 -p {port} -k {root} -c fsync=off"
+    start = ctl(str(bindir / "pg_ctl"), "-D", str(data), "-l", str(root / "log"), "-o", options, "-w", "start")
+    if start.returncode != 0:
+        shutil.rmtree(root, ignore_errors=True)
+        pytest.skip(f"PostgreSQL did not start: {start.stderr.strip()[-300:]}")
+    try:
+        yield f"postgresql+psycopg://rpg@127.0.0.1:{port}/postgres"
+    finally:
+        ctl(str(bindir / "pg_ctl"), "-D", str(data), "-m", "immediate", "-w", "stop")
+        shutil.rmtree(root, ignore_errors=True)
+
+
+def new_postgres_database(server_url: str) -> str:
+    """A new, empty database on the test server; its URL."""
+    import psycopg
+
+    name = f"t_{uuid.uuid4().hex[:12]}"
+    with contextlib.closing(psycopg.connect(server_url.replace("+psycopg", ""), autocommit=True)) as conn:
+        conn.execute(f"CREATE DATABASE {name}")
+    return server_url.rsplit("/", 1)[0] + f"/{name}"
+
+
+@pytest.fixture
+def postgres_db(postgres_server) -> str:
+    return new_postgres_database(postgres_server)
+
+
+@pytest.fixture(params=["sqlite", "postgresql"])
+def db_url(request, tmp_path) -> str:
+    """A database URL where nothing exists yet, for each dialect (PostgreSQL: an empty database)."""
+    if request.param == "sqlite":
+        return f"sqlite:///{tmp_path / 'runs' / 'results.db'}"
+    return new_postgres_database(request.getfixturevalue("postgres_server"))
