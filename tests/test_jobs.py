@@ -338,3 +338,85 @@ def test_unreachable_cluster_is_a_one_line_error_and_writes_nothing(tmp_path):
     assert result.exit_code == 2
     assert len(result.output.strip().splitlines()) == 1 and "--address" in result.output and "ray start --head" in result.output
     assert run_states(f"sqlite:///{db}", [plan.id]) == {plan.id: "running"}  # nothing changed
+
+
+# ------------------------------------------------------------------------------ sweeps sharing runs
+
+
+def test_two_sweeps_sharing_a_run_agree_on_its_state_and_its_directory(cluster, tmp_path, monkeypatch):
+    """A run is its spec: the second sweep that lists it joins it, and it stays in the first one's
+    directory; runs, report, eval, cancel and resume all see it in both sweeps."""
+    import dataclasses
+
+    from rpg_cli.orchestration import sweep as sweep_module
+
+    def rehome(plan, run_dir):  # the stand-in trainer's plan, in the directory the store kept
+        argv = [str(run_dir) if a == str(plan.run_dir) else a for a in plan.entrypoint]
+        return dataclasses.replace(plan, run_dir=run_dir, entrypoint=argv)
+
+    monkeypatch.setattr(sweep_module, "rehome", rehome)
+    db = f"sqlite:///{tmp_path / 'results.db'}"
+    common = ["--db", db, "--runs-dir", str(cluster["runs"])]
+    runner = CliRunner()
+
+    def shared(sweep: str, mode: str = "ok") -> RunPlan:
+        return dataclasses.replace(make_plan(cluster, sweep, "shared", steps=2, mode=mode), id="shared-cell")
+
+    first = run_sweep([shared("m1"), make_plan(cluster, "m1", "own-1", steps=2)], "m1", db, runs_dir=cluster["runs"],
+                      poll_s=0.3)  # fmt: skip
+    assert first.counts["succeeded"] == 2
+    submitted = ray_submissions(cluster)
+    second = run_sweep([shared("m2"), make_plan(cluster, "m2", "own-2", steps=2)], "m2", db, runs_dir=cluster["runs"],
+                       poll_s=0.3)  # fmt: skip
+    assert second.counts["succeeded"] == 2
+    assert set(ray_submissions(cluster)) - set(submitted) == {"m2-own-2"}  # the shared run was done already
+    home = cluster["runs"] / "m1" / "shared"
+    assert not (cluster["runs"] / "m2" / "shared").exists()
+    store = open_store(db)
+    try:
+        run = store.run("shared-cell")
+        assert (run.sweep, run.run_dir, run.attempts) == ("m1", home.resolve(), 1)  # did not move
+        assert [r.id for r in store.runs(sweep="m1")] == ["shared-cell", "m1-own-1"]
+        assert sorted(r.id for r in store.runs(sweep="m2")) == ["m2-own-2", "shared-cell"]
+        store.record_evals([{"run_id": "shared-cell", "step": 2, "benchmark": "aime24", "metric": "mean@k", "k": 4,
+                             "scorer": "dapo", "value": 0.5, "scorer_version": "1", "n": 4, "temperature": 1.0,
+                             "top_p": 1.0, "max_tokens": 64, "seed": 0}])  # fmt: skip
+    finally:
+        store.close()
+    for sweep in ("m1", "m2"):
+        listed = runner.invoke(app, ["runs", "--sweep", sweep, "--format", "json", "--db", db])
+        assert listed.exit_code == 0 and "shared-cell" in {r["id"] for r in json.loads(listed.output)}
+        table = runner.invoke(app, ["report", "--sweep", sweep, "--format", "csv", "--db", db])
+        assert table.exit_code == 0 and "0.5" in table.output, table.output
+        # rpg eval SWEEP finds the shared run's checkpoints where they are
+        (home / "checkpoints" / "step_2").mkdir(parents=True, exist_ok=True)
+        (home / "checkpoints" / "step_2" / "config.json").write_text("{}")
+        (home / "checkpoints" / "step_2" / "model.safetensors").write_bytes(b"")
+        targets = {t.run_id: t for t in _plan_targets(sweep, db)}
+        assert targets["shared-cell"].run_dir == home.resolve()
+
+    # cancel through the second sweep stops the shared run; a retry through the first resumes it at home
+    (home / "argv.json").unlink()
+    hang = run_sweep([shared("m2", mode="hang")], "m2", db, runs_dir=cluster["runs"], detach=True, retry_failed=True)
+    assert hang.counts["succeeded"] == 1  # succeeded: never resubmitted, not even with --retry-failed
+    store = open_store(db)
+    store.set_status("shared-cell", "failed", error="as if it had failed")
+    store.close()
+    run_sweep([shared("m2", mode="hang")], "m2", db, runs_dir=cluster["runs"], detach=True, retry_failed=True)
+    while not (home / "argv.json").exists():
+        time.sleep(0.2)
+    stopped = runner.invoke(app, ["cancel", "m2", *common])
+    assert stopped.exit_code == 0 and "shared" in stopped.output
+    listed = runner.invoke(app, ["runs", "--sweep", "m1", "--format", "json", "--db", db])
+    assert {r["id"]: r["status"] for r in json.loads(listed.output)}["shared-cell"] == "stopped"
+    again = run_sweep([shared("m1")], "m1", db, runs_dir=cluster["runs"], retry_failed=True, poll_s=0.3)
+    assert again.counts["succeeded"] == 1 and not (cluster["runs"] / "m2" / "shared").exists()
+
+
+def _plan_targets(ref: str, db: str) -> list:
+    """The runs and checkpoints `rpg eval REF` would evaluate (a benchmark file is not needed for that)."""
+    from rpg_cli.evaluation.options import EvalOptions
+    from rpg_cli.evaluation.plan import _resolve_targets
+
+    targets, _ = _resolve_targets(EvalOptions(ref=ref, db=db))
+    return targets

@@ -548,11 +548,9 @@ def _engine(url: str, shown: str, path: str | None, read_only: bool) -> sa.Engin
             )
         return sa.create_engine(url, connect_args={"timeout": SQLITE_BUSY_TIMEOUT_S})
     scheme = url.split("://", 1)[0]
-    if scheme in ("postgresql", "postgres"):  # the driver SQLAlchemy picks by default, else the one installed
-        import importlib.util
-
-        if importlib.util.find_spec("psycopg2") is None and importlib.util.find_spec("psycopg") is not None:
-            scheme = "postgresql+psycopg"
+    if scheme in ("postgresql", "postgres"):  # no driver named: one that is installed (SQLAlchemy's
+        # default is psycopg2 up to 2.0, psycopg from 2.1: either works)
+        scheme = next((f"postgresql+{d}" for d in ("psycopg", "psycopg2") if _importable(d)), "postgresql")
         url = f"{scheme if scheme != 'postgres' else 'postgresql'}://{url.split('://', 1)[1]}"
     try:
         return sa.create_engine(url)
@@ -568,12 +566,21 @@ def _engine(url: str, shown: str, path: str | None, read_only: bool) -> sa.Engin
     except ImportError as exc:
         driver = exc.name or str(exc)
         hint = (
-            "pip install 'psycopg[binary]'" if scheme.startswith("postgres") else f"install the Python package {driver}"
+            "pip install 'psycopg[binary]'" if scheme == "postgresql" else f"install the package that provides {driver}"
         )
         raise StoreError(
             f"the database driver for {scheme} ({driver}) is not installed; {hint}, or name the driver in "
             f"the URL ({scheme.split('+')[0]}+DRIVER://...)"
         ) from None
+
+
+def _importable(module: str) -> bool:
+    import importlib.util
+
+    try:
+        return importlib.util.find_spec(module) is not None
+    except (ImportError, ValueError):  # a broken or blocked module is as good as none
+        return False
 
 
 def _unusable(exc: sa.exc.DBAPIError, path: str | None, shown: str) -> str:

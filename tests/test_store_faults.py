@@ -1,0 +1,167 @@
+"""A results database that is not what `--db` promises: the real CLI answers in one line naming the
+problem and the fix, exits non-zero, prints no traceback, and creates or changes nothing. A database
+that can only be read is read."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import stat
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from rpg_cli.cli import app
+from rpg_cli.orchestration.plan import RunPlan
+from rpg_cli.store import StoreError, open_store
+
+READERS = (["runs"], ["report"], ["report", "--table", "--sweep", "sw"])
+
+
+def one_line_failure(args: list[str], *must: str) -> str:
+    result = CliRunner().invoke(app, args)
+    output = result.output.strip()
+    assert result.exit_code == 2, (args, output)
+    assert "Traceback" not in output and isinstance(result.exception, SystemExit), (args, output, result.exception)
+    assert len(output.splitlines()) == 1, output
+    for text in must:
+        assert text in output, (text, output)
+    return output
+
+
+def files_in(directory: Path) -> dict[str, bytes]:
+    return {p.name: p.read_bytes() for p in sorted(directory.iterdir())}
+
+
+@pytest.mark.parametrize("args", READERS)
+def test_an_empty_file_is_named_with_the_fix_and_left_as_it_is(tmp_path, args):
+    db = tmp_path / "results.db"
+    db.write_bytes(b"")
+    one_line_failure([*args, "--db", str(db)], "results.db is empty", "rpg sweep SPEC")
+    assert files_in(tmp_path) == {"results.db": b""}
+
+
+@pytest.mark.parametrize("args", READERS)
+def test_a_new_empty_postgresql_database_is_named_with_the_fix(postgres_db, args):
+    import sqlalchemy as sa
+
+    one_line_failure([*args, "--db", postgres_db], "is empty (no rpg tables yet)", "rpg sweep SPEC")
+    engine = sa.create_engine(postgres_db)
+    try:
+        assert sa.inspect(engine).get_table_names() == []  # nothing created
+    finally:
+        engine.dispose()
+
+
+@pytest.mark.parametrize("args", [*READERS, ["eval", "some-run"], ["cancel", "some-run"], ["logs", "some-run"]])
+def test_a_corrupted_database_file_is_named_and_left_as_it_is(tmp_path, args):
+    db = tmp_path / "results.db"
+    db.write_bytes(os.urandom(8192))
+    before = files_in(tmp_path)
+    one_line_failure([*args, "--db", str(db)], "is not a usable SQLite database", "move the file away")
+    assert files_in(tmp_path) == before
+
+
+@pytest.mark.parametrize("args", [*READERS, ["eval", "some-run"], ["cancel", "some-run"]])
+def test_an_unknown_url_scheme_is_named(args):
+    one_line_failure([*args, "--db", "postgrez://me:secret@127.0.0.1/db"], "unknown database URL scheme 'postgrez'",
+                     "postgresql://", "me:***@")  # fmt: skip
+
+
+@pytest.mark.parametrize("url", ["postgresql+pg8000://me@127.0.0.1/db", "mysql://me@127.0.0.1/db"])
+def test_a_driver_that_is_not_installed_is_named_with_the_fix(url):
+    one_line_failure(["runs", "--db", url], "is not installed")
+
+
+# A fresh interpreter in which neither PostgreSQL driver can be imported, as on a machine without them.
+NO_DRIVER = textwrap.dedent(
+    """
+    import sys
+
+    class Block:
+        def find_spec(self, name, path=None, target=None):
+            if name.split(".")[0] in ("psycopg", "psycopg2"):
+                raise ModuleNotFoundError(f"No module named {name!r}", name=name)
+
+    sys.meta_path.insert(0, Block())
+    from rpg_cli.cli import app
+
+    app(sys.argv[1:])
+    """
+)
+
+
+def test_plain_postgresql_url_without_any_driver_says_what_to_install():
+    result = subprocess.run([sys.executable, "-c", NO_DRIVER, "runs", "--db", "postgresql://me@127.0.0.1/db"],
+                            capture_output=True, text=True, timeout=60)  # fmt: skip
+    assert result.returncode == 2 and "Traceback" not in result.stderr, result.stderr
+    (message,) = result.stderr.strip().splitlines()
+    assert message.startswith("rpg runs: the database driver for postgresql (psycopg")  # SQLAlchemy's default
+    assert message.endswith("is not installed; pip install 'psycopg[binary]', or name the driver in the URL "
+                            "(postgresql+DRIVER://...)")  # fmt: skip
+
+
+# -------------------------------------------------------------------------------------------- read-only
+
+
+@contextlib.contextmanager
+def read_only(*paths: Path):
+    """Make files and directories read-only to this process: their mode bits, or (as root, whom modes do
+    not stop) the immutable attribute; skipped where neither holds."""
+    if os.geteuid() != 0:
+        modes = {p: p.stat().st_mode for p in paths}
+        for p in paths:
+            p.chmod(stat.S_IMODE(modes[p]) & ~0o222)
+        try:
+            yield
+        finally:
+            for p, mode in modes.items():
+                p.chmod(stat.S_IMODE(mode))
+        return
+    if shutil.which("chattr") is None:
+        pytest.skip("running as root without chattr: nothing can make a file read-only to this process")
+    done = []
+    try:
+        for p in paths:
+            if subprocess.run(["chattr", "+i", str(p)], capture_output=True).returncode != 0:
+                pytest.skip("running as root and this filesystem has no immutable attribute")
+            done.append(p)
+        yield
+    finally:
+        for p in done:
+            subprocess.run(["chattr", "-i", str(p)], check=True)
+
+
+def test_a_read_only_database_is_read_and_left_as_it_is(tmp_path):
+    home = tmp_path / "ro"
+    home.mkdir()
+    db = f"sqlite:///{home / 'results.db'}"
+    store = open_store(db)  # as rpg writes it: WAL mode
+    store.record_plan(RunPlan("ro-run-1", "ro-run", "sw", "local", {"algorithm": "grpo", "seed": 0},
+                              tmp_path / "runs" / "ro-run", ["true"]))  # fmt: skip
+    store.record_evals([{"run_id": "ro-run-1", "step": 5, "benchmark": "aime24", "metric": "mean@k", "k": 4,
+                         "scorer": "dapo", "value": 0.375, "scorer_version": "1", "n": 4, "temperature": 1.0,
+                         "top_p": 1.0, "max_tokens": 64, "seed": 0}])  # fmt: skip
+    store.close()
+    before = files_in(home)
+    assert list(before) == ["results.db"]  # closed cleanly: no -wal, no -shm
+    runner = CliRunner()
+    with read_only(home / "results.db", home):
+        listed = runner.invoke(app, ["runs", "--db", db, "--format", "csv"])
+        assert listed.exit_code == 0 and "ro-run-1" in listed.output, listed.output
+        table = runner.invoke(app, ["report", "--db", db, "--format", "csv"])
+        assert table.exit_code == 0 and "0.375" in table.output, table.output
+        with pytest.raises(StoreError, match="is read-only"):  # a command that records runs says so at once
+            open_store(db)
+        reader = open_store(db, create=False)
+        try:
+            with pytest.raises(StoreError, match="read-only; make it"):  # and one that writes on the way
+                reader.set_status("ro-run-1", "stopped")
+        finally:
+            reader.close()
+    assert files_in(home) == before
