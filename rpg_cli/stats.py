@@ -366,6 +366,7 @@ class _Variance:
     df: float  # its Satterthwaite degrees of freedom
     per_seed: float  # the part that scales as 1/seeds, times the seeds: sum over seed keys of S * V_seed
     problems: float  # the part that more seeds do not reduce
+    problems_df: float  # its Satterthwaite degrees of freedom
     seeds_estimable: bool  # every seed key has >= 2 seeds
 
 
@@ -407,13 +408,16 @@ def _decompose(terms: Sequence[_Term], weights: Mapping[str, float]) -> _Varianc
         int_by_prob[(prob_key, bench)] = int_by_prob.get((prob_key, bench), 0.0) + v
     # negative variance components are set to zero: each factor contributes at least its interaction
     seed_part = {k: max(v, int_by_seed.get(k, 0.0)) for k, (v, _) in v_seed.items()}
-    prob_part = sum(max(v - int_by_prob.get(k, 0.0), 0.0) for k, (v, _) in v_prob.items())
+    prob_parts = {k: (max(v - int_by_prob.get(k, 0.0), 0.0), df) for k, (v, df) in v_prob.items()}
+    prob_part = sum(v for v, _ in prob_parts.values())
+    prob_denominator = sum(v * v / df for v, df in prob_parts.values())
     unbiased = sum(seed_part.values()) + prob_part
     denominator = sum(v * v / df for part in (v_seed, v_prob, v_int) for v, df in part.values())
     df = unbiased**2 / denominator if denominator > 0 else math.inf
     return _Variance(
         boot=boot, unbiased=unbiased, df=max(df, 1.0),
         per_seed=sum(len(rows[k]) * v for k, v in seed_part.items()), problems=prob_part,
+        problems_df=prob_part**2 / prob_denominator if prob_denominator > 0 else math.inf,
         seeds_estimable=all(len(r) > 1 for r in rows.values()),
     )  # fmt: skip
 
@@ -622,16 +626,18 @@ def seeds_needed(a: Runs, b: Runs, benchmark: str = OVERALL, *, power: float = P
 
     With the paired difference's variance components estimated as in the interval (between-seed s_a^2,
     problem s_b^2, seed x problem s_e^2), the estimate from n seeds has variance
-    s_a^2/n + s_e^2/(nP) + s_b^2/P, and a difference d is detected with the given power when
-    |d| >= (z_{1-alpha/2} + z_power) * sqrt(that), so
+    V(n) = (s_a^2 + s_e^2/P)/n + s_b^2/P. The answer is the smallest n >= 2 with
 
-        n = ceil((s_a^2 + s_e^2/P) / ((d / (z_{1-alpha/2} + z_power))^2 - s_b^2/P)),
+        |d| >= (t_{nu, 1-alpha/2} + t_{nu, power}) * sqrt(V(n)),
 
-    at least 2. Assumptions: the observed difference and variances are the true ones (a post-hoc
-    power calculation: a rough guide, not a promise), normal errors, equal seeds per method, seeds
-    paired when both have the same ones. None when it cannot be said: one seed of a method (its seed
-    variance is unknown), no difference, or a difference below the problem-sampling noise of these
-    benchmarks (no number of seeds detects it; more problems would).
+    nu the Satterthwaite degrees of freedom of V(n) (n - 1 for the seed part, P - 1 for the problem
+    part), the t version of the normal sample-size formula n = (s_a^2 + s_e^2/P) /
+    ((d / (z_{1-alpha/2} + z_power))^2 - s_b^2/P), which undercounts when n is small (t_2 = 4.3, not
+    1.96). Assumptions: the observed difference and variances are the true ones (a post-hoc power
+    calculation: a rough guide, not a promise), normal errors, equal seeds per method, seeds paired
+    when both groups have the same ones, the same problems. None when it cannot be said: one seed of a
+    method (its seed variance is unknown), no difference, or a difference below the problem-sampling
+    noise of these benchmarks (no number of seeds detects it; more problems would).
     """
     benches, a_blocks, b_blocks, seeds_paired = _aligned(a, b, benchmark)
     terms = _difference_terms(a_blocks, b_blocks, seeds_paired, True)
@@ -642,12 +648,31 @@ def seeds_needed(a: Runs, b: Runs, benchmark: str = OVERALL, *, power: float = P
         return SeedsNeeded(None, "needs 2+ seeds of each method to estimate the seed variance")
     if d == 0.0:
         return SeedsNeeded(None, "no difference observed")
+    too_small = SeedsNeeded(None, "smaller than the problem-sampling noise: more problems needed, not seeds")
     z = NormalDist().inv_cdf(1 - alpha / 2) + NormalDist().inv_cdf(power)
     budget = (d / z) ** 2 - var.problems
     if budget <= 0:
-        return SeedsNeeded(None, "smaller than the problem-sampling noise: more problems needed, not seeds")
-    # per_seed sums both methods' parts when the seeds are unpaired: n seeds each
-    return SeedsNeeded(max(2, math.ceil(var.per_seed / budget)))
+        return too_small
+
+    def detected(n: int) -> bool:
+        # per_seed sums both methods' parts when the seeds are unpaired: n seeds each
+        seed_part = var.per_seed / n
+        v = seed_part + var.problems
+        if v == 0.0:
+            return True
+        df = v * v / (seed_part**2 / (n - 1) + (var.problems**2 / var.problems_df if var.problems > 0 else 0.0))
+        return d >= (t_quantile(1 - alpha / 2, df) + t_quantile(power, df)) * math.sqrt(v)
+
+    low = max(2, math.ceil(var.per_seed / budget))  # t quantiles exceed z ones: never fewer than this
+    high = low
+    while not detected(high):  # a doubling search, then bisection: `detected` is monotone in n
+        if high > 1_000_000:
+            return too_small
+        low, high = high + 1, 2 * high
+    while low < high:
+        mid = (low + high) // 2
+        low, high = (low, mid) if detected(mid) else (mid + 1, high)
+    return SeedsNeeded(high)
 
 
 def verdict(diff: Interval) -> str:

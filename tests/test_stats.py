@@ -274,18 +274,38 @@ def test_results_are_reproducible():
 # -------------------------------------------------------------------------------------- seeds needed
 
 
+def smallest_detecting_n(d: float, seed_variance: float) -> int:
+    """With seed variance only: the smallest n with d >= (t_{n-1, .975} + t_{n-1, .8}) * sqrt(var / n)."""
+    n = 2
+    while d < (stats.t_quantile(0.975, n - 1) + stats.t_quantile(0.8, n - 1)) * math.sqrt(seed_variance / n):
+        n += 1
+    return n
+
+
 def test_seeds_needed_matches_the_closed_form():
-    """B - A = d + a_s + b_p exactly: seed variance var(a), problem variance var(b)/P, no interaction."""
+    """B - A = d + a_s exactly: the seed variance is var(a), no problem or interaction variance."""
     seed_shift = np.array([-0.02, 0.0, 0.03, -0.01])
-    problem_shift = np.linspace(-0.02, 0.02, 20)
-    d = 0.02
     a = np.full((4, 20), 0.5)
-    b = a + d + seed_shift[:, None] - seed_shift.mean() + problem_shift[None, :]
+    for d, expected_normal in ((0.02, 10), (0.05, 2)):
+        b = a + d + seed_shift[:, None] - seed_shift.mean()
+        result = stats.seeds_needed(Runs({"x": a}), Runs({"x": b}), "x")
+        z = statistics.NormalDist().inv_cdf(0.975) + statistics.NormalDist().inv_cdf(0.8)
+        assert math.ceil(statistics.variance(seed_shift) / (d / z) ** 2) == expected_normal  # the normal formula
+        assert result.n == smallest_detecting_n(d, statistics.variance(seed_shift))
+        assert result.n > expected_normal  # few seeds: t quantiles ask for more than the normal formula
+
+
+def test_seeds_needed_counts_the_problem_variance():
+    """Problem variance that more seeds cannot remove: more seeds than without it, and at least the
+    normal formula n = var(a) / ((d/z)^2 - var(b)/P)."""
+    seed_shift, problem_shift, d = np.array([-0.02, 0.0, 0.03, -0.01]), np.linspace(-0.02, 0.02, 20), 0.02
+    a = np.full((4, 20), 0.5)
+    b = a + d + seed_shift[:, None] - seed_shift.mean()
+    without = stats.seeds_needed(Runs({"x": a}), Runs({"x": b}), "x").n
+    with_problems = stats.seeds_needed(Runs({"x": a}), Runs({"x": b + problem_shift[None, :]}), "x").n
     z = statistics.NormalDist().inv_cdf(0.975) + statistics.NormalDist().inv_cdf(0.8)
-    budget = (d / z) ** 2 - statistics.variance(problem_shift) / 20
-    expected = math.ceil(statistics.variance(seed_shift) / budget)
-    result = stats.seeds_needed(Runs({"x": a}), Runs({"x": b}), "x")
-    assert result.n == max(2, expected) and expected > 4
+    normal = math.ceil(statistics.variance(seed_shift) / ((d / z) ** 2 - statistics.variance(problem_shift) / 20))
+    assert with_problems > without and with_problems >= normal > 10
 
 
 def test_seeds_needed_says_why_it_cannot_answer():
