@@ -17,7 +17,7 @@ pytest.importorskip("verl", reason="the verl extra is not installed")
 from verl.trainer.ppo.core_algos import agg_loss, compute_policy_loss_vanilla, kl_penalty  # noqa: E402
 
 from rpg_cli.algorithms import LOSS_AGG_MODES, kl_penalty_loss, policy_loss  # noqa: E402
-from rpg_cli.algorithms.kl import KL_LOSS_ESTIMATORS  # noqa: E402
+from rpg_cli.backends.verl.launch import KL_LOSS_ESTIMATORS  # noqa: E402
 
 F64 = torch.float64
 EPS_LOW, EPS_HIGH, CLIP_C, BETA = 0.2, 0.28, 10.0, 1e-3
