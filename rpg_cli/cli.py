@@ -165,7 +165,10 @@ def sweep(
     if output_format == "json":
         import json
 
-        rows = [{"id": p.id, "name": p.name, "spec": p.spec, "state": states[p.id], "entrypoint": p.entrypoint} for p in plans]
+        from rpg_cli.spec import validation_cost
+
+        rows = [{"id": p.id, "name": p.name, "spec": p.spec, "state": states[p.id], "entrypoint": p.entrypoint,
+                 "validation": (cost := validation_cost(p.spec)) and cost.as_dict()} for p in plans]
         typer.echo(json.dumps(rows, indent=2))
         return
     _print_sweep_plan(plans, states, retry_failed)
@@ -201,6 +204,15 @@ def _print_sweep_plan(plans: list, states: dict[str, str], retry_failed: bool) -
         + ". Dry run: nothing was written.",
         highlight=False,
     )
+    from rpg_cli.spec import validation_cost  # what validation costs, before a GPU is paid for
+
+    costs = Counter((c.problems, c.samples_per_problem, c.validations, p.spec["val"]["every"])
+                    for p in plans if (c := validation_cost(p.spec)) is not None)
+    for (problems, n, count, every), runs in costs.items():
+        per = (f"{problems:,} problems x {n} samples = {problems * n:,} generations" if problems is not None
+               else f"{n} samples per problem (problems not counted: the files are not readable here)")
+        console.print(f"validation ({runs} runs): {per} per validation, {count} per run (before training, every "
+                      f"{every} steps and at the last)", highlight=False)
 
 
 @app.command("eval")

@@ -16,10 +16,12 @@ is allowed. Only pydantic and PyYAML are imported here (omegaconf only for files
 from __future__ import annotations
 
 import copy
+import functools
 import hashlib
 import itertools
 import json
 import re
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any, Literal, Union
 
@@ -335,6 +337,76 @@ def _label(spec: dict[str, Any]) -> str:
 
 def _num(x: Any) -> str:
     return f"{x:g}" if isinstance(x, (int, float)) and not isinstance(x, bool) else str(x)
+
+
+# ---------------------------------------------------------------------------------------------
+# What validation costs (the dry run states it before a GPU is paid for)
+
+# files above this size are not read at plan time (their problems stay uncounted)
+MAX_COUNTED_FILE_BYTES = 64 * 2**20
+
+
+@dataclass(frozen=True)
+class ProblemCount:
+    rows: int
+    problems: int  # distinct (prompt, ground truth) pairs: what `rpg eval` and the local backend sample
+
+
+@dataclass(frozen=True)
+class ValidationCost:
+    samples_per_problem: int  # val.n
+    validations: int  # per run: before training, every val.every steps, and at the last step
+    problems: int | None  # distinct problems over data.val_files; None when a file cannot be counted here
+
+    @property
+    def generations(self) -> int | None:
+        """Responses generated at each validation."""
+        return None if self.problems is None else self.problems * self.samples_per_problem
+
+    def as_dict(self) -> dict[str, int | None]:
+        return {"problems": self.problems, "samples_per_problem": self.samples_per_problem,
+                "generations_per_validation": self.generations, "validations_per_run": self.validations}
+
+
+def validation_cost(spec: ExperimentSpec | dict[str, Any]) -> ValidationCost | None:
+    """What one run's validation generates (None: the run does not validate); `spec` may be canonical JSON.
+    Problems are counted where the files are local and small; both backends sample val.n responses per
+    distinct problem (verl refuses a file that repeats problems, the local backend and `rpg eval` group
+    the copies)."""
+    if isinstance(spec, dict):
+        spec = ExperimentSpec.model_validate(spec)
+    if not spec.data.val_files:
+        return None
+    counts = [count_problems(f) for f in spec.data.val_files]
+    problems = None if any(c is None for c in counts) else sum(c.problems for c in counts)
+    validations = 1 + spec.steps // spec.val.every + (1 if spec.steps % spec.val.every else 0)
+    return ValidationCost(spec.val.n, validations, problems)
+
+
+def count_problems(path: str | Path) -> ProblemCount | None:
+    """Rows and distinct problems of a local verl-format parquet; None for a file that is not there, not
+    readable as one, or too big to read at plan time (pyarrow is imported only when there is a file)."""
+    p = Path(path)
+    try:
+        stat = p.stat()
+    except (OSError, ValueError):
+        return None
+    if "://" in str(path) or not p.is_file() or stat.st_size > MAX_COUNTED_FILE_BYTES:
+        return None
+    return _count_problems(str(p.resolve()), stat.st_mtime_ns, stat.st_size)
+
+
+@functools.lru_cache(maxsize=64)
+def _count_problems(path: str, mtime_ns: int, size: int) -> ProblemCount | None:
+    try:
+        import pyarrow.parquet as pq
+
+        table = pq.ParquetFile(path).read(columns=["prompt", "reward_model"])  # read_table would import pandas
+        keys = {json.dumps([row["prompt"], (row["reward_model"] or {}).get("ground_truth")], sort_keys=True)
+                for row in table.to_pylist()}
+    except Exception:  # not a verl parquet: the run's own checks say so; here it is just not counted
+        return None
+    return ProblemCount(table.num_rows, len(keys))
 
 
 # ---------------------------------------------------------------------------------------------

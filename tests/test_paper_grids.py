@@ -31,6 +31,11 @@ def overrides(spec) -> dict[str, str]:
     return out
 
 
+@pytest.fixture(autouse=True)
+def _no_local_data(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)  # the grids' data/ paths resolve here: never to a checkout's own data files
+
+
 def cells(grid: str):
     specs = load_sweep(REPO / "experiments" / f"{grid}.yaml").expand()
     assert len(specs) == GRIDS[grid]
@@ -107,3 +112,70 @@ def test_each_method_regularises_as_the_paper_ran_it(grid):
             assert kl_loss == no_kl_loss and o[f"{loss}.use_reference"] == "false"
             assert o[f"{ACTOR}.optim.lr"] == ("5e-07" if algorithm == "rpg_reinforce" else "1e-06")
     assert {"grpo", "dapo", "reinforce_pp", "reinforce_pp_baseline", "rpg", "rpg_reinforce"} <= seen
+
+
+# ---------------------------------------------------------------- what validation costs, stated before it is paid
+
+
+def write_eval_file(path: Path, problems: int, copies: int = 1) -> Path:
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from rpg_cli.datasets.template import VERL_SCHEMA, verl_row
+
+    rows = [verl_row(f"Problem {i}?", str(i), "math_dapo", i) for _ in range(copies) for i in range(problems)]
+    path.parent.mkdir(parents=True, exist_ok=True)
+    pq.write_table(pa.Table.from_pylist(rows, schema=VERL_SCHEMA), path)
+    return path
+
+
+def dry_run(grid: str, cwd: Path, monkeypatch, *args: str):
+    from typer.testing import CliRunner
+
+    from rpg_cli.cli import app
+
+    monkeypatch.chdir(cwd)
+    return CliRunner().invoke(app, ["sweep", str(REPO / "experiments" / f"{grid}.yaml"), "--dry-run",
+                                    "--db", f"sqlite:///{cwd / 'none.db'}", *args])
+
+
+def test_dry_run_states_the_generations_of_a_validation(tmp_path, monkeypatch):
+    for name, n in (("aime-2024", 2), ("aime-2025", 3), ("amc-2023", 4)):
+        write_eval_file(tmp_path / "data" / f"{name}.parquet", n)
+    result = dry_run("paper-qwen3-4b", tmp_path, monkeypatch)
+    assert result.exit_code == 0, result.output
+    assert ("validation (20 runs): 9 problems x 32 samples = 288 generations per validation, 41 per run "
+            "(before training, every 10 steps and at the last)") in " ".join(result.output.split())
+    import json
+
+    rows = json.loads(dry_run("paper-qwen3-4b", tmp_path, monkeypatch, "--format", "json").output)
+    assert {json.dumps(r["validation"], sort_keys=True) for r in rows} == {json.dumps(
+        {"problems": 9, "samples_per_problem": 32, "generations_per_validation": 288, "validations_per_run": 41},
+        sort_keys=True)}
+    # without the files here, the plan still says what a validation samples per problem
+    (tmp_path / "elsewhere").mkdir()
+    bare = dry_run("paper-qwen3-4b", tmp_path / "elsewhere", monkeypatch)
+    assert "32 samples per problem (problems not counted" in " ".join(bare.output.split())
+
+
+def test_verl_refuses_a_validation_file_that_repeats_problems_and_the_local_backend_groups_it(tmp_path, monkeypatch):
+    write_eval_file(tmp_path / "data" / "aime-2024.parquet", 30, copies=32)  # the paper's own representation
+    write_eval_file(tmp_path / "data" / "aime-2025.parquet", 3)
+    write_eval_file(tmp_path / "data" / "amc-2023.parquet", 4)
+    result = dry_run("paper-qwen25-7b-instruct", tmp_path, monkeypatch)
+    assert result.exit_code == 2
+    line = " ".join(result.output.split())
+    assert "data.val_files: data/aime-2024.parquet holds 960 rows for 30 distinct problems" in line
+    assert "30,720 responses per validation instead of 960" in line and "rpg prepare-data" in line
+    local = dry_run("paper-qwen25-7b-instruct", tmp_path, monkeypatch, "--backend", "local")
+    assert local.exit_code == 0 and "37 problems x 32 samples = 1,184 generations" in " ".join(local.output.split())
+
+
+def test_validations_per_run_count_the_start_every_k_steps_and_the_last():
+    from rpg_cli.spec import ExperimentSpec, validation_cost
+
+    spec = load_sweep(REPO / "experiments" / "smoke.yaml").expand()[0].canonical()
+    for steps, every, expected in ((400, 10, 41), (5, 2, 4), (300, 50, 7)):
+        cost = validation_cost({**spec, "steps": steps, "val": {**spec["val"], "every": every}})
+        assert cost.validations == expected
+    assert validation_cost(ExperimentSpec.model_validate({**spec, "data": {"train_files": ["t.parquet"]}})) is None

@@ -36,6 +36,11 @@ GRIDS = [REPO / "experiments" / "paper-qwen25-7b-instruct.yaml", REPO / "experim
 VERL_CONFIG_DIR = str(Path(verl.__file__).parent / "trainer" / "config")
 
 
+@pytest.fixture(autouse=True)
+def _no_local_data(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)  # the grids' data/ paths resolve here: never to a checkout's own data files
+
+
 def compose_verl(spec: ExperimentSpec, run_dir: Path):
     """verl's ppo_trainer config with the spec's overrides, validated as `main_ppo` validates it."""
     from verl.trainer.ppo.utils import need_critic, need_reference_policy

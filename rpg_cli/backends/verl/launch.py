@@ -13,7 +13,7 @@ import re
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from rpg_cli.spec import SpecError
+from rpg_cli.spec import SpecError, count_problems
 
 # the spec's KL-loss estimators -> verl 0.9.1's kl_loss_type (core_algos.kl_penalty_forward), which
 # rpg_cli.algorithms.kl.kl_loss_term computes alike
@@ -86,6 +86,8 @@ def check(spec: ExperimentSpec) -> None:
             f"allowed: 1..{spec.max_response_length}",
             "overlong.buffer",
         )
+    for name in spec.data.val_files:
+        _check_one_row_per_problem(name, spec.val.n)
     if spec.resources.gpus_per_node < 1:
         raise SpecError("verl trains on GPUs; allowed with backend verl: >= 1 (use backend local on CPUs)",
                         "resources.gpus_per_node")
@@ -97,6 +99,23 @@ def check(spec: ExperimentSpec) -> None:
             "it); allowed: a batch divisible by nodes x gpus_per_node",
             "train_batch_size",
         )
+
+
+def _check_one_row_per_problem(name: str, n: int) -> None:
+    """verl samples val_kwargs.n responses for every row of a validation file and groups them by row: a file
+    holding each problem k times (the paper's files, older prepare-data output) would generate k times the
+    samples and split each problem's into k groups of n (so best@n/maj@n would not be the problem's). An
+    error, not a warning: the fix takes seconds, the waste a GPU node for hours. Files that are not local
+    (or too big to read at plan time) are not checked."""
+    count = count_problems(name)
+    if count is None or count.rows == count.problems:
+        return
+    raise SpecError(
+        f"{name} holds {count.rows:,} rows for {count.problems:,} distinct problems; verl samples val.n = {n} per "
+        f"row, {count.rows * n:,} responses per validation instead of {count.problems * n:,}; allowed: one row per "
+        f"problem (rewrite it with `rpg prepare-data PRESET={name}` or `--input {name}`; val.n sets the samples)",
+        "data.val_files",
+    )
 
 
 def overrides(spec: ExperimentSpec, run_dir: Path) -> list[str]:
