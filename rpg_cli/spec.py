@@ -556,8 +556,8 @@ def _merge(base: dict[str, Any], cell: dict[str, Any]) -> tuple[dict[str, Any], 
         *parents, leaf = key.split(".")
         target = out
         for p in parents:
-            if p in target and target[p] is None:
-                skipped.append(key)  # e.g. `clip.c` on an unclipped run: the axis collapses
+            if p in target and _clip_off(target[p]) is None:
+                skipped.append(key)  # e.g. `clip.c` on an unclipped run (clip: off): the axis collapses
                 break
             target = target.setdefault(p, {})
             if not isinstance(target, dict):

@@ -394,6 +394,45 @@ def test_include_extends_matching_cells_and_otherwise_adds_a_cell():
     assert len(by_key) == 5
 
 
+@pytest.mark.parametrize("entry, field, words", [
+    ({"algorithm": "dapo", "beta": 1e-3}, "beta", "dapo has no KL term"),
+    ({"algorithm": "dapo", "kl": "urkl"}, "kl", "dapo has no KL variant"),
+    ({"algorithm": "dapo", "reference": "frozen"}, "reference", "no reference model"),
+    ({"algorithm": "rpg", "kl": "urkl", "kl_correction": True}, "kl_correction", "only grpo"),
+    ({"algorithm": "rpg", "kl": "urkl", "kl_loss": {"estimator": "k1", "coef": 1e-4}}, "kl_loss", "allowed: null"),
+    ({"algorithm": "grpo", "clip": {"eps_low": 0.2, "eps_high": 0.2, "clipped_weight_in_sg": True}},
+     "clip.clipped_weight_in_sg", "rpg_reinforce's"),
+])
+def test_a_value_written_in_a_cells_own_include_entry_is_explicit_and_never_collapses(entry, field, words):
+    message = spec_error(lambda: sweep({"optimizer": ["adamw"]}, include=[entry]).expand())
+    assert f"{field}: " in message and words in message
+    assert "(set in include[0]" in message  # where it was written
+    # the same value from base or a grid axis collapses as designed
+    base = {**spec_dict(), **{k: v for k, v in entry.items() if k != "algorithm"}}
+    grid = SweepSpec.model_validate({"name": "t", "base": base, "grid": {"algorithm": [entry["algorithm"], "rpg"]}})
+    assert {x.algorithm for x in grid.expand()} == {entry["algorithm"], "rpg"}
+
+
+def test_a_sub_field_of_a_switched_off_mapping_written_in_include_is_an_error():
+    message = spec_error(lambda: sweep({"optimizer": ["adamw"]}, include=[{"clip": "off", "clip.c": 3.0}]).expand())
+    assert "clip.c: sets c of a clip that is off in this cell (set in include[0].clip.c)" in message
+
+
+def test_a_key_given_twice_in_a_yaml_mapping_names_the_key_and_its_lines(tmp_path):
+    text = sweep_yaml().replace("  lr: 5.0e-7\n", "  lr: 5.0e-7\n  steps: 10\n  lr: 1.0e-6\n")
+    path = write(tmp_path, text)
+    assert spec_error(load_sweep, path) == (
+        f"{path}: line 16: duplicate key 'lr' (first on line 14); allowed: each key once per mapping")
+    nested = write(tmp_path, SPEC_YAML.replace("clip: {eps_low: 0.2, eps_high: 0.28}",
+                                               "clip: {eps_low: 0.2, eps_high: 0.28, eps_low: 0.1}"), "n.yaml")
+    assert "line 4: duplicate key 'eps_low'" in spec_error(load_spec, nested)
+    # keys merged in from an anchor may be overridden: only a mapping's own keys must be distinct
+    merged = write(tmp_path, sweep_yaml("grid:\n  optimizer: [adamw]\n",
+                                        "include:\n  - &a {algorithm: grpo, kl: none}\n  - {<<: *a, optimizer: schedule_free}\n"),
+                   "m.yaml")
+    assert {x.optimizer for x in load_sweep(merged).expand() if x.algorithm == "grpo"} == {"adamw", "schedule_free"}
+
+
 def test_include_never_overwrites_a_grid_value():
     s = sweep({"optimizer": ["adamw"]}, include=[{"optimizer": "schedule_free", "seed": 7}])
     assert sorted((x.optimizer, x.seed) for x in s.expand()) == [("adamw", 0), ("schedule_free", 7)]
