@@ -51,7 +51,7 @@ def prepare_data(
       rpg prepare-data aime24 aime25 amc23              # evaluation sets only
       rpg prepare-data minerva_math olympiadbench       # the appendix benchmarks (Table 7)
       rpg prepare-data aime24=aime24.jsonl              # a local copy (offline machines)
-      rpg prepare-data dapo-math-17k --from dapo-math-17k.parquet
+      rpg prepare-data dapo-math-17k --from dapo-math-17k-eng.parquet
       rpg prepare-data dapo-math-17k=hf:BytedTsinghua-SIA/DAPO-Math-17k@train  # the original, English-filtered here
       rpg prepare-data --input mine.csv --question-field q --answer-field a --name mine
       rpg prepare-data --toy                            # the local backend's toy task + tiny model in data/toy/
