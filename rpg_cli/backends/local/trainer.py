@@ -1,20 +1,22 @@
 """The local backend's RL loop: one process, one device, the same spec and math as the verl backend.
 
 Per step: draw `train_batch_size` prompts, sample `rollout_n` responses each, score them with
-`rpg_cli.rewards`, (DAPO: drop groups whose scores are all equal and draw more, add the overlong
+`rpg_cli.rewards`, (dynamic sampling, any algorithm: draw `gen_batches` prompt batches per round, drop
+groups whose accuracy is the same for every response and draw more; overlong shaping: add the length
 penalty), take old log-probs (and reference log-probs unless the reference is pi_old itself), compute
 the spec's advantages, then `ppo_epochs` passes over mini-batches of `ppo_mini_batch_size` prompts,
-each one optimizer step on `policy_loss` with gradient clipping. Validation (k = val.n samples per
-problem) runs before training and every val.every steps; checkpoints every save_every steps and at the end.
+each one optimizer step on `policy_loss` (plus the spec's KL loss) with gradient clipping. Validation
+(k = val.n samples per distinct problem) runs before training and every val.every steps; checkpoints every
+save_every steps and at the end.
 
 Schedule-free AdamW keeps two weight sequences: the optimizer is in train mode (gradient point y) only
 inside the update; rollouts, old log-probs, validation and checkpoints use eval mode (the averaged x),
 so the policy that samples is the one that is saved. Dropout is off throughout (the module stays in
 `eval()`), as in verl's actor, so pi_theta equals pi_old at the first mini-batch.
 
-Determinism: every step reseeds torch from (seed, step) and draws its prompts from a pure function of
-the generation-batch counter, so a run resumed from step N's checkpoint repeats, on CPU, exactly what
-an uninterrupted run computes after step N.
+Determinism: the spec's seed seeds what the model's initialisation may draw, every step reseeds torch
+from (seed, step), and prompts come from a pure function of (seed, generation-batch counter), so a run
+resumed from step N's checkpoint repeats, on CPU, exactly what an uninterrupted run computes after step N.
 """
 
 from __future__ import annotations
@@ -28,7 +30,7 @@ from dataclasses import dataclass
 import torch
 
 from rpg_cli import rundir
-from rpg_cli.algorithms import aggregate, policy_loss
+from rpg_cli.algorithms import aggregate, kl_penalty_loss, policy_loss
 from rpg_cli.algorithms import advantages as adv
 from rpg_cli.backends.local import checkpoint as ckpt
 from rpg_cli.backends.local.data import batch_indices, load_problems
@@ -69,6 +71,7 @@ class Trainer:
             torch.set_num_threads(max(1, int(spec.resources.cpus)))
         resume = ckpt.latest_checkpoint(self.run_dir)
         source = str(resume[1]) if resume else spec.model
+        torch.manual_seed(step_seed(spec.seed, 0))  # weights a checkpoint lacks (a new head) start from the seed
         try:
             self.tokenizer = AutoTokenizer.from_pretrained(source, padding_side="left")
             self.model = AutoModelForCausalLM.from_pretrained(source, dtype=torch.float32).to(self.device)
@@ -80,7 +83,8 @@ class Trainer:
             self.tokenizer.pad_token = self.tokenizer.eos_token
         self.eos_ids = eos_ids(self.model, self.tokenizer)
         self.train_problems = load_problems(spec.data.train_files, self.tokenizer, spec.max_prompt_length)
-        self.val_problems = load_problems(spec.data.val_files, self.tokenizer, spec.max_prompt_length) if spec.data.val_files else []
+        self.val_problems = (load_problems(spec.data.val_files, self.tokenizer, spec.max_prompt_length, distinct=True)
+                             if spec.data.val_files else [])
         self.optimizer = make_optimizer(spec, self.model)
         self.ref_model = None
         if spec.reference != "iterative":  # frozen, or every K: starts as the initial model
@@ -144,12 +148,13 @@ class Trainer:
         t = time.perf_counter()
         rewards = batch.rewards
         extra: dict[str, float] = {}
-        if spec.advantage_estimator == "reinforce_pp" and spec.beta and ref_log_prob is not None:
-            k1 = torch.where(r.response_mask.bool(), old_log_prob - ref_log_prob, torch.zeros_like(old_log_prob))
+        if spec.advantage_estimator in ("reinforce_pp", "reinforce_pp_baseline") and spec.beta and ref_log_prob is not None:
+            # KL in the reward (verl's use_kl_in_reward): R - beta * sum of the per-token k1 penalties
+            k1 = adv.reward_kl_penalty(old_log_prob, ref_log_prob, r.response_mask)
             extra["actor/reward_kl_penalty"] = float(k1.sum() / r.response_mask.sum())
             extra["actor/reward_kl_penalty_coeff"] = spec.beta
-            rewards = rewards - spec.beta * k1.sum(-1)
-        advantages = self.advantages(batch, old_log_prob, ref_log_prob)
+            rewards = rewards - spec.beta * k1.sum(-1).to(rewards.device)
+        advantages = self.advantages(batch, rewards, old_log_prob, ref_log_prob)
         timing["timing_s/adv"] = time.perf_counter() - t
         t = time.perf_counter()
         self._train_weights()
@@ -163,47 +168,52 @@ class Trainer:
     # ------------------------------------------------------------------ pieces of a step
 
     def sample_batch(self) -> Batch:
-        """Rollouts of the next prompt batch; with DAPO dynamic sampling, of enough informative groups."""
+        """Rollouts of the next prompt batch; with dynamic sampling, of enough informative groups."""
         spec = self.spec
-        dapo = spec.dapo
-        dynamic = dapo is not None and dapo.dynamic_sampling
+        sampling = spec.dynamic_sampling
+        per_round = sampling.gen_batches if sampling is not None else 1
         kept: list[tuple[Rollouts, torch.Tensor, torch.Tensor]] = []
         groups, generated = 0, 0
         while True:
-            problems = [self.train_problems[i] for i in
-                        batch_indices(self.gen_batches, spec.train_batch_size, len(self.train_problems), spec.seed)]
-            self.gen_batches += 1
+            problems = [self.train_problems[i] for b in range(self.gen_batches, self.gen_batches + per_round)
+                        for i in batch_indices(b, spec.train_batch_size, len(self.train_problems), spec.seed)]
+            self.gen_batches += per_round
             generated += 1
             r = self.rollout(problems, spec.rollout_n, spec.rollout.temperature, spec.rollout.top_p)
             scores, acc = score_rollouts(r, problems)
-            r.group = r.group + (generated - 1) * spec.train_batch_size  # unique across generation batches
-            if not dynamic:
+            r.group = r.group + (self.gen_batches - per_round) * spec.train_batch_size  # unique across rounds
+            if sampling is None:
                 kept.append((r, scores, acc))
                 break
-            keep = adv.dynamic_sampling_keep(scores, r.group).nonzero().squeeze(-1)
+            keep = adv.dynamic_sampling_keep(acc, r.group).nonzero().squeeze(-1)  # filter metric: raw accuracy
             if len(keep):
                 kept.append((r.select(keep), scores[keep], acc[keep]))
                 groups += len(keep) // spec.rollout_n
-            if groups >= spec.train_batch_size or (dapo.max_num_gen_batches and generated >= dapo.max_num_gen_batches):
+            if groups >= spec.train_batch_size or (sampling.max_num_gen_batches and generated >= sampling.max_num_gen_batches):
                 break
-        if not kept:  # every group uniform: train on the last batch as is (its group advantages are 0)
-            kept.append((r, scores, acc))
+        if not kept:  # every group uniform: train on the last round's first batch as is (group advantages 0)
+            first = torch.arange(spec.train_batch_size * spec.rollout_n)
+            kept.append((r.select(first), scores[first], acc[first]))
         r = concat([k[0] for k in kept], self.tokenizer.pad_token_id)
         scores, acc = torch.cat([k[1] for k in kept]), torch.cat([k[2] for k in kept])
-        if dynamic and len(r.texts) > spec.train_batch_size * spec.rollout_n:
+        if len(r.texts) > spec.train_batch_size * spec.rollout_n:
             first = torch.arange(spec.train_batch_size * spec.rollout_n)  # verl keeps the first full batch
             r, scores, acc = r.select(first), scores[first], acc[first]
         rewards = scores.clone()
-        if dapo is not None and dapo.overlong_buffer:
+        if spec.overlong is not None:
             budget = self.max_new_tokens(r)
             lengths = r.response_mask.sum(-1).cpu()
-            rewards = rewards + adv.overlong_penalty(lengths, budget, min(dapo.overlong_buffer, budget),
-                                                     dapo.overlong_penalty_factor)
+            rewards = rewards + adv.overlong_penalty(lengths, budget, min(spec.overlong.buffer, budget),
+                                                     spec.overlong.penalty_factor)
         return Batch(r, scores, acc, rewards, generated)
 
-    def advantages(self, batch: Batch, old_log_prob: torch.Tensor, ref_log_prob: torch.Tensor | None) -> torch.Tensor:
+    def advantages(self, batch: Batch, rewards: torch.Tensor, old_log_prob: torch.Tensor,
+                   ref_log_prob: torch.Tensor | None) -> torch.Tensor:
+        """The spec's advantages of `rewards` (REINFORCE++: the batch's rewards with the per-token k1 penalty
+        folded in along the response; the others: one reward per response, net of any KL penalty)."""
         spec, r = self.spec, batch.rollouts
-        rewards, mask, group = batch.rewards.to(self.device), r.response_mask, r.group
+        mask, group = r.response_mask, r.group
+        rewards = rewards.to(self.device)
         estimator = spec.advantage_estimator
         if estimator == "grpo":
             return adv.to_tokens(adv.grpo_advantage(rewards, group), mask)
@@ -211,7 +221,7 @@ class Trainer:
             return adv.to_tokens(adv.rpg_advantage(rewards, group), mask)
         if estimator == "reinforce_pp":
             ref = ref_log_prob if ref_log_prob is not None else old_log_prob
-            return adv.reinforce_pp_advantage(rewards, mask, old_log_prob, ref, spec.beta)
+            return adv.reinforce_pp_advantage(batch.rewards.to(self.device), mask, old_log_prob, ref, spec.beta)
         if estimator == "reinforce_pp_baseline":
             return adv.reinforce_pp_baseline_advantage(rewards, group, mask)
         raise BackendError(f"advantage estimator {estimator!r} is not supported by the local backend")
@@ -243,10 +253,17 @@ class Trainer:
                         ref_log_prob=None if ref_log_prob is None else ref_log_prob[micro], beta=spec.beta,
                         clip=clip is not None, eps_low=clip.eps_low if clip else 0.2,
                         eps_high=clip.eps_high if clip else 0.28, clip_c=clip.c if clip else 10.0,
-                        loss_agg_mode=spec.loss_agg_mode, clipped_weight=bool(clip and clip.clipped_weight_in_sg))
+                        loss_agg_mode=spec.loss_agg_mode, clipped_weight=bool(clip and clip.clipped_weight_in_sg),
+                        kl_clamp=spec.kl_clamp)
                     entropy_mean = aggregate(entropy, part.response_mask.bool(), spec.loss_agg_mode)
                     if spec.entropy_coeff:
                         loss = loss - spec.entropy_coeff * entropy_mean
+                    if spec.kl_loss is not None:  # toward the frozen model, or pi_old for the iterative reference
+                        reference = old_log_prob[micro] if ref_log_prob is None else ref_log_prob[micro]
+                        kl_value = kl_penalty_loss(spec.kl_loss.estimator, log_prob=log_prob, ref_log_prob=reference,
+                                                   response_mask=part.response_mask, loss_agg_mode=spec.loss_agg_mode)
+                        loss = loss + spec.kl_loss.coef * kl_value
+                        m["kl"] = float(kl_value.detach())
                     (loss * weight).backward()
                     record(sums, {"actor/pg_loss": m["pg_loss"], "actor/kl_loss": m.get("kl", 0.0),
                                   "actor/ppo_kl": m["ppo_kl"], "actor/pg_clipfrac": m["clipfrac"],

@@ -15,7 +15,11 @@ from typing import TYPE_CHECKING, Any
 
 from rpg_cli import rundir
 from rpg_cli.backends.verl import diagnose
-from rpg_cli.spec import SpecError
+from rpg_cli.spec import SpecError, count_problems
+
+# the spec's KL-loss estimators -> verl 0.9.1's kl_loss_type (core_algos.kl_penalty_forward), which
+# rpg_cli.algorithms.kl.kl_loss_term computes alike
+KL_LOSS_ESTIMATORS = {"k1": "kl", "k2": "mse", "k3": "low_var_kl"}
 
 if TYPE_CHECKING:
     from rpg_cli.spec import ExperimentSpec
@@ -34,6 +38,8 @@ ADV_ESTIMATORS = {
 }
 # REINFORCE++ folds its k1 penalty into the reward (MATH.md section 4): verl's use_kl_in_reward
 KL_IN_REWARD = ("reinforce_pp", "reinforce_pp_baseline")
+# losses that regularise toward a reference inside the policy loss (beta): the frozen one is verl's ref worker's
+KL_IN_LOSS = ("rpg", "rpg_reinforce", "grpo")
 
 
 def entrypoint(spec: ExperimentSpec, run_dir: Path) -> list[str]:
@@ -84,13 +90,14 @@ def check(spec: ExperimentSpec) -> None:
             "reference; allowed: reference frozen, or beta 0",
             "reference",
         )
-    if spec.dapo is not None and spec.dapo.overlong_buffer is not None:
-        if spec.dapo.overlong_buffer > spec.max_response_length:
-            raise SpecError(
-                f"{spec.dapo.overlong_buffer} exceeds the {spec.context} response length "
-                f"{spec.max_response_length}; allowed: 1..{spec.max_response_length}",
-                "dapo.overlong_buffer",
-            )
+    if spec.overlong is not None and spec.overlong.buffer > spec.max_response_length:
+        raise SpecError(
+            f"{spec.overlong.buffer} exceeds the {spec.context} response length {spec.max_response_length}; "
+            f"allowed: 1..{spec.max_response_length}",
+            "overlong.buffer",
+        )
+    for name in spec.data.val_files:
+        _check_one_row_per_problem(name, spec.val.n)
     if spec.resources.gpus_per_node < 1:
         raise SpecError("verl trains on GPUs; allowed with backend verl: >= 1 (use backend local on CPUs)",
                         "resources.gpus_per_node")
@@ -104,6 +111,23 @@ def check(spec: ExperimentSpec) -> None:
         )
 
 
+def _check_one_row_per_problem(name: str, n: int) -> None:
+    """verl samples val_kwargs.n responses for every row of a validation file and groups them by row: a file
+    holding each problem k times (the paper's files, older prepare-data output) would generate k times the
+    samples and split each problem's into k groups of n (so best@n/maj@n would not be the problem's). An
+    error, not a warning: the fix takes seconds, the waste a GPU node for hours. Files that are not local
+    (or too big to read at plan time) are not checked."""
+    count = count_problems(name)
+    if count is None or count.rows == count.problems:
+        return
+    raise SpecError(
+        f"{name} holds {count.rows:,} rows for {count.problems:,} distinct problems; verl samples val.n = {n} per "
+        f"row, {count.rows * n:,} responses per validation instead of {count.problems * n:,}; allowed: one row per "
+        f"problem (rewrite it with `rpg prepare-data PRESET={name}` or `--input {name}`; val.n sets the samples)",
+        "data.val_files",
+    )
+
+
 def overrides(spec: ExperimentSpec, run_dir: Path) -> list[str]:
     """`key=value` Hydra overrides of verl's ppo_trainer config for this spec (`+key` adds a new key)."""
     check(spec)
@@ -111,6 +135,9 @@ def overrides(spec: ExperimentSpec, run_dir: Path) -> list[str]:
     prompt_len, response_len = spec.max_prompt_length, spec.max_response_length
     frozen = spec.reference == "frozen"
     kl_in_reward = spec.algorithm in KL_IN_REWARD and spec.beta > 0
+    # our loss reads verl's ref_log_prob (frozen reference); the iterative one is pi_old, no model at all
+    loss_uses_reference = frozen and spec.algorithm in KL_IN_LOSS and spec.beta > 0
+    kl_loss = spec.kl_loss
     adv_estimator, norm_by_std = ADV_ESTIMATORS[spec.advantage_estimator]
     gpus = spec.resources.gpus_per_node
     clip = spec.clip
@@ -131,7 +158,8 @@ def overrides(spec: ExperimentSpec, run_dir: Path) -> list[str]:
         "data.train_batch_size": spec.train_batch_size,
         "data.filter_overlong_prompts": True,
         "data.truncation": "error",
-        "data.seed": spec.seed,
+        "data.shuffle": True,
+        "data.seed": spec.seed,  # the shuffle's generator
         # model
         "actor_rollout_ref.model.path": _model_path(spec.model),
         "actor_rollout_ref.model.use_remove_padding": True,
@@ -142,6 +170,7 @@ def overrides(spec: ExperimentSpec, run_dir: Path) -> list[str]:
         f"{actor}.use_dynamic_bsz": True,
         f"{actor}.ppo_max_token_len_per_gpu": tokens_per_gpu,
         f"{actor}.data_loader_seed": spec.seed,
+        f"{actor}.fsdp_config.seed": spec.seed,
         f"{actor}.optim.lr": spec.lr,
         f"{actor}.optim.lr_warmup_steps": spec.lr_warmup_steps,
         f"{actor}.optim.lr_scheduler_type": "constant",
@@ -157,12 +186,16 @@ def overrides(spec: ExperimentSpec, run_dir: Path) -> list[str]:
         f"{actor}.policy_loss.loss_mode": spec.loss_name,
         f"+{actor}.policy_loss.beta": spec.beta,
         f"+{actor}.policy_loss.clip": clip is not None,
-        f"+{actor}.policy_loss.use_reference": frozen and not kl_in_reward,
+        f"+{actor}.policy_loss.use_reference": loss_uses_reference,
         f"+{actor}.policy_loss.clipped_weight": clip is not None and clip.clipped_weight_in_sg,
-        # the frozen reference comes from verl's ref worker, which verl starts only with a KL loss on;
-        # that loss gets weight 0 because the KL lives inside our policy loss
-        f"{actor}.use_kl_loss": frozen and not kl_in_reward,
-        f"{actor}.kl_loss_coef": 0.0,
+        f"+{actor}.policy_loss.kl_clamp": spec.kl_clamp,
+        # verl's own KL loss: the spec's kl_loss (its reference: verl's ref worker when frozen, pi_old handed in
+        # by the plugin when iterative, which needs no ref worker); else off, or weight 0 where it only
+        # makes verl start the ref worker whose ref_log_prob our loss reads (the KL lives inside our loss)
+        f"{actor}.use_kl_loss": loss_uses_reference or (kl_loss is not None and frozen),
+        f"{actor}.kl_loss_coef": kl_loss.coef if kl_loss is not None else 0.0,
+        f"{actor}.kl_loss_type": KL_LOSS_ESTIMATORS[kl_loss.estimator] if kl_loss is not None else "low_var_kl",
+        f"+{actor}.policy_loss.kl_loss_to_old": kl_loss is not None and spec.reference == "iterative",
         f"{actor}.checkpoint.save_contents": ["model", "optimizer", "extra", "hf_model"],
         # rollout (vLLM) and validation sampling
         f"{rollout}.name": spec.rollout.engine,
@@ -203,31 +236,32 @@ def overrides(spec: ExperimentSpec, run_dir: Path) -> list[str]:
     if spec.optimizer == "schedule_free":
         values[f"{actor}.optim.optimizer"] = "AdamWScheduleFree"
         values[f"{actor}.optim.optimizer_impl"] = OPTIMIZER_MODULE
-    if spec.dapo is not None:
-        values.update(_dapo(spec))
+    values.update(_tricks(spec))
     # also in ray.init's runtime_env: verl passes its own to ray.init, and its workers must load the plugin
     for key, value in env(spec, run_dir).items():
         values[f"+ray_kwargs.ray_init.runtime_env.env_vars.{key}"] = value
     return [f"{key}={_hydra_value(value)}" for key, value in values.items()]
 
 
-def _dapo(spec: ExperimentSpec) -> dict[str, Any]:
-    """DAPO's dynamic sampling (verl's filter_groups) and overlong shaping (verl's `dapo` reward manager)."""
-    dapo = spec.dapo
-    assert dapo is not None
-    values: dict[str, Any] = {
-        "algorithm.filter_groups.enable": dapo.dynamic_sampling,
-        "algorithm.filter_groups.metric": "acc",  # rpg_cli.rewards' correctness, before any length penalty
-        # verl 0.9.1's V1 sampler warns and ignores this (it refills until the batch is full); kept for the record
-        "algorithm.filter_groups.max_num_gen_batches": dapo.max_num_gen_batches,
-    }
-    if dapo.overlong_buffer is not None:
+def _tricks(spec: ExperimentSpec) -> dict[str, Any]:
+    """DAPO's dynamic sampling (verl's filter_groups) and overlong shaping (verl's `dapo` reward manager),
+    on any algorithm; both off when the spec does not ask for them."""
+    values: dict[str, Any] = {"algorithm.filter_groups.enable": spec.dynamic_sampling is not None}
+    if spec.dynamic_sampling is not None:
+        values.update({
+            "algorithm.filter_groups.metric": "acc",  # rpg_cli.rewards' correctness, before any length penalty
+            # prompt batches in flight at once, in train_batch_size units: the scripts' generation batch of 3 x 512
+            "algorithm.filter_groups.max_inflight_gen_batches": spec.dynamic_sampling.gen_batches,
+            # verl 0.9.1's V1 sampler warns and ignores this (it refills until the batch is full); kept for the record
+            "algorithm.filter_groups.max_num_gen_batches": spec.dynamic_sampling.max_num_gen_batches,
+        })
+    if spec.overlong is not None:
         shaping = "+reward.reward_kwargs.overlong_buffer_cfg"
         values.update({
             "reward.reward_manager.name": "dapo",
             f"{shaping}.enable": True,
-            f"{shaping}.len": dapo.overlong_buffer,
-            f"{shaping}.penalty_factor": dapo.overlong_penalty_factor,
+            f"{shaping}.len": spec.overlong.buffer,
+            f"{shaping}.penalty_factor": spec.overlong.penalty_factor,
             f"{shaping}.log": True,
             "+reward.reward_kwargs.max_resp_len": spec.max_response_length,
         })
