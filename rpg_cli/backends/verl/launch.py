@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from rpg_cli.spec import SpecError
+from rpg_cli.trackers import verl_env, verl_loggers
 
 if TYPE_CHECKING:
     from rpg_cli.spec import ExperimentSpec
@@ -46,10 +47,12 @@ def resources(spec: ExperimentSpec) -> tuple[float, float]:
 
 
 def env(spec: ExperimentSpec, run_dir: Path) -> dict[str, str]:
-    """runtime_env env vars: the plugin for every verl process, metrics into the run directory."""
+    """runtime_env env vars: the plugin for every verl process, metrics into the run directory, and what
+    verl's tracking.py reads for the spec's trackers (W&B group/tags/id, TENSORBOARD_DIR, MLflow's URI)."""
     return {
         "VERL_USE_EXTERNAL_MODULES": PLUGIN_MODULE,
         "VERL_FILE_LOGGER_PATH": str(Path(run_dir).absolute() / "metrics.jsonl"),
+        **verl_env(spec, run_dir),
     }
 
 
@@ -186,8 +189,8 @@ def overrides(spec: ExperimentSpec, run_dir: Path) -> list[str]:
         "trainer.save_freq": spec.save_every,
         "trainer.default_local_dir": str(run_dir / "checkpoints"),
         "trainer.resume_mode": "auto",
-        "trainer.logger": ["console", "file"],
-        "trainer.project_name": "rpg",
+        "trainer.logger": ["console", "file", *verl_loggers(spec)],  # `file` is what rpg ingests
+        "trainer.project_name": spec.trackers.project if spec.trackers else "rpg",
         "trainer.experiment_name": spec.run_name,
     }
     if spec.optimizer == "schedule_free":
