@@ -158,7 +158,7 @@ def _trackers_form(value: Any) -> Any:
 class Trackers(_Frozen):
     """Where a run's metrics are reported (W&B, TensorBoard, MLflow): never what it computes, so not in its id."""
 
-    project: str = Field("rpg", min_length=1)  # W&B project, MLflow experiment, TensorBoard subfolder
+    project: str = Field("rpg", min_length=1)  # W&B project, MLflow experiment (verl: trainer.project_name)
     group: str | None = None  # default: the run's cell (its spec less the seed), so seeds band together
     tags: list[str] = Field(default_factory=list)  # besides the sweep and the values of its varying axes
     wandb: WandbTracker | None = None

@@ -481,13 +481,22 @@ def test_export_to_mlflow_twice_logs_each_step_once_and_adds_what_is_new(tmp_pat
     assert_no_secrets(tmp_path)
 
 
-def test_export_errors_are_one_line(tmp_path, offline_env):
+@needs_mlflow
+def test_export_errors_are_one_line(tmp_path, offline_env, monkeypatch):
     db, _ = synthetic_store(tmp_path)
-    for args, words in [
-        (["--to", "neptune"], "unknown tracker 'neptune'; allowed: wandb, tensorboard, mlflow"),
-        (["--to", "tensorboard", "--sweep", "nope"], "no runs of sweep 'nope' in the store"),
-        (["--to", "mlflow", "--tracking-uri", "https://me:hunter2@mlflow.example.org"], "--tracking-uri: credentials"),
+    monkeypatch.setenv("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "0")  # the unreachable server: fail at once
+    monkeypatch.setenv("MLFLOW_HTTP_REQUEST_TIMEOUT", "5")
+    for args, words, env_uri in [
+        (["--to", "neptune"], "unknown tracker 'neptune'; allowed: wandb, tensorboard, mlflow", None),
+        (["--to", "tensorboard", "--sweep", "nope"], "no runs of sweep 'nope' in the store", None),
+        (["--to", "mlflow", "--tracking-uri", "https://me:hunter2@mlflow.example.org"], "--tracking-uri: credentials", None),
+        (["--to", "mlflow"], "MLFLOW_TRACKING_URI: credentials", "https://me:hunter2@mlflow.example.org"),
+        (["--to", "mlflow", "--tracking-uri", "http://127.0.0.1:9"], "cannot open the MLflow run at http://127.0.0.1:9", None),
     ]:
+        if env_uri:
+            monkeypatch.setenv("MLFLOW_TRACKING_URI", env_uri)
+        else:
+            monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
         result = CliRunner().invoke(app, ["export", "--db", db, *args])
         assert result.exit_code == 2 and words in result.output, result.output
         assert len(result.output.strip().splitlines()) == 1 and "hunter2" not in result.output

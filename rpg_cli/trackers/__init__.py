@@ -227,7 +227,10 @@ def run_info(spec: Mapping[str, Any], run_id: str, name: str, sweep: str, run_di
     """The RunInfo of a run directory `<runs root>/<sweep>/<name>/` (trackers: default, the spec's own)."""
     if trackers is None:
         trackers = Trackers.model_validate(spec.get("trackers") or {})
-    resolved = resolve(trackers, spec, name, run_id, sweep, Path(run_dir).absolute().parent.parent, axes, environ)
+    try:
+        resolved = resolve(trackers, spec, name, run_id, sweep, Path(run_dir).absolute().parent.parent, axes, environ)
+    except SpecError as e:  # past plan time: a tracker problem, not a spec one
+        raise TrackerError(e.message) from None
     return RunInfo(run_id, name, sweep, dict(spec), resolved, Path(run_dir))
 
 
