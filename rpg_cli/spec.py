@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any, Literal, Union
 
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, PrivateAttr, TypeAdapter, ValidationError
-from pydantic import model_validator
+from pydantic import field_validator, model_validator
 
 if TYPE_CHECKING:
     from pydantic.fields import FieldInfo
@@ -142,6 +142,61 @@ class Resources(_Frozen):
     cpus: float = Field(gt=0)
 
 
+TRACKER_NAMES = ("wandb", "tensorboard", "mlflow")
+
+
+class WandbTracker(_Frozen):
+    entity: str | None = None  # default: WANDB_ENTITY where the run runs, else the account's default
+    mode: Literal["online", "offline"] | None = None  # default: WANDB_MODE where the run runs, else online
+
+
+class TensorBoardTracker(_Frozen):
+    dir: str | None = None  # log root, a run at <dir>/<sweep>/<run name>; default: <runs dir>/tensorboard
+
+
+class MlflowTracker(_Frozen):
+    # default: MLFLOW_TRACKING_URI where the run runs, else sqlite:///<runs dir>/mlflow.db
+    tracking_uri: str | None = None
+
+    @field_validator("tracking_uri")
+    @classmethod
+    def _no_credentials(cls, uri: str | None) -> str | None:
+        from urllib.parse import urlsplit
+
+        if uri and "://" in uri and (urlsplit(uri).password or urlsplit(uri).username):
+            raise ValueError("credentials in the URI would be written to spec.json and the store; allowed: a URI "
+                             "without user:password@ (set MLFLOW_TRACKING_USERNAME/PASSWORD or MLFLOW_TRACKING_TOKEN "
+                             "where the run runs)")
+        return uri
+
+
+def _trackers_form(value: Any) -> Any:
+    # `trackers: [wandb, mlflow]` (or one name) is every named tracker with its defaults; `wandb: true` likewise
+    if isinstance(value, str):
+        value = [value]
+    if isinstance(value, list) and all(isinstance(v, str) for v in value):
+        if unknown := [v for v in value if v not in TRACKER_NAMES]:
+            raise ValueError(f"got {unknown[0]!r}; allowed: {', '.join(TRACKER_NAMES)}")
+        value = dict.fromkeys(value, {})
+    if isinstance(value, dict):
+        value = {k: ({} if v is True else None if v is False else v) for k, v in value.items()}
+    return value
+
+
+class Trackers(_Frozen):
+    """Where a run's metrics are reported (W&B, TensorBoard, MLflow): never what it computes, so not in its id."""
+
+    project: str = Field("rpg", min_length=1)  # W&B project, MLflow experiment (verl: trainer.project_name)
+    group: str | None = None  # default: the run's cell (its spec less the seed), so seeds band together
+    tags: list[str] = Field(default_factory=list)  # besides the sweep and the values of its varying axes
+    wandb: WandbTracker | None = None
+    tensorboard: TensorBoardTracker | None = None
+    mlflow: MlflowTracker | None = None
+
+
+TrackersSetting = Annotated[Union[Trackers, None], BeforeValidator(_trackers_form)]
+
+
 def _clip_off(value: Any) -> Any:
     # YAML `clip: off` parses as False; "off"/"none" strings are accepted too
     if value is False or (isinstance(value, str) and value.lower() in ("off", "none", "null")):
@@ -173,6 +228,10 @@ ClipSetting = Annotated[Union[Clip, None], BeforeValidator(_clip_off)]
 DynamicSamplingSetting = Annotated[Union[DynamicSampling, None], BeforeValidator(_switch)]
 OverlongSetting = Annotated[Union[Overlong, None], BeforeValidator(_switch)]
 Reference = Annotated[Union[Literal["iterative", "frozen"], Every], BeforeValidator(_reference_form)]
+
+
+# Where metrics are reported, not what a run computes: spec.json records these fields, the run id ignores them.
+NOT_IN_RUN_ID = ("trackers",)
 
 
 class ExperimentSpec(_Frozen):
@@ -210,6 +269,7 @@ class ExperimentSpec(_Frozen):
     save_every: int = Field(ge=1)
     backend: Literal["verl", "local"]
     resources: Resources
+    trackers: TrackersSetting = None
 
     @model_validator(mode="before")
     @classmethod
@@ -301,12 +361,14 @@ class ExperimentSpec(_Frozen):
         }[self.algorithm]
 
     def canonical(self) -> dict[str, Any]:
-        """The JSON-ready spec, defaults included: what spec.json holds and the run id hashes."""
+        """The JSON-ready spec, defaults included: what spec.json holds (the run id hashes canonical_json)."""
         return self.model_dump(mode="json")
 
     def canonical_json(self) -> str:
+        """What the run id hashes: the canonical spec less NOT_IN_RUN_ID."""
+        identity = {k: v for k, v in self.canonical().items() if k not in NOT_IN_RUN_ID}
         # sorted keys, no whitespace; json renders floats with repr, so 1e-4 and 0.0001 agree
-        return json.dumps(self.canonical(), sort_keys=True, separators=(",", ":"), ensure_ascii=True)
+        return json.dumps(identity, sort_keys=True, separators=(",", ":"), ensure_ascii=True)
 
     @property
     def run_id(self) -> str:

@@ -83,8 +83,11 @@ def plan_sweep(sweep: SweepSpec, runs_root: Path, backend: str | None = None) ->
 
     Pure: computes paths and commands, touches nothing on disk. `backend` overrides the spec's.
     """
+    from rpg_cli.trackers import plan_trackers
+
     root = Path(runs_root).absolute()
-    return [plan_run(spec, root / sweep.name / spec.run_name, sweep.name) for spec in sweep.expand(backend)]
+    specs = plan_trackers(sweep.expand(backend), sweep.name, root)  # group, tags and defaults, for spec.json
+    return [plan_run(spec, root / sweep.name / spec.run_name, sweep.name) for spec in specs]
 
 
 # --------------------------------------------------------------------------------------------- dry run

@@ -36,6 +36,8 @@ from rpg_cli.backends.local import checkpoint as ckpt
 from rpg_cli.backends.local.data import batch_indices, load_problems
 from rpg_cli.backends.local.preflight import BackendError, Plan
 from rpg_cli.backends.local.rollout import Problem, Rollouts, concat, eos_ids, generate, score_rollouts, token_log_probs
+from rpg_cli.trackers import TrackerError
+from rpg_cli.trackers.writers import open_run
 
 # Sequences per forward/backward chunk are bounded by this many tokens (gradient accumulation above it).
 MICRO_BATCH_TOKENS = 32_768
@@ -99,6 +101,13 @@ class Trainer:
             self.start_step, self.gen_batches = state["step"] + 1, state["gen_batches"]
             log(f"resuming from {resume[1].name}: continuing at step {self.start_step}")
         self.metrics = ckpt.MetricsLog(rundir.metrics_path(self.run_dir), keep_through=resume[0] if resume else None)
+        self.trackers = open_run(spec, self.run_dir, resumed_after=resume[0] if resume else None)
+
+    def log_metrics(self, step: int, metrics: dict[str, float]) -> None:
+        """One step's line in metrics.jsonl, and the same values to the spec's trackers."""
+        self.metrics.write(step, metrics)
+        if self.trackers is not None:
+            self.trackers.log(step, metrics)
 
     # ------------------------------------------------------------------ the loop
 
@@ -106,7 +115,7 @@ class Trainer:
         spec = self.spec
         if self.start_step == 1 and self.val_problems:
             torch.manual_seed(step_seed(spec.seed, 0))
-            self.metrics.write(0, self.validate())
+            self.log_metrics(0, self.validate())
         last = spec.steps if stop_after is None else min(spec.steps, stop_after)
         for step in range(self.start_step, last + 1):
             started = time.perf_counter()
@@ -121,12 +130,14 @@ class Trainer:
             metrics["perf/time_per_step"] = metrics["timing_s/step"]
             metrics["perf/throughput"] = metrics["perf/total_num_tokens"] / metrics["timing_s/step"]
             # the line goes first: a crash before the checkpoint is renamed into place redoes the step
-            self.metrics.write(step, metrics)
+            self.log_metrics(step, metrics)
             if step % spec.save_every == 0 or step == spec.steps:
                 self.save(step)
             log(f"step {step}/{spec.steps} score {metrics['critic/score/mean']:+.3f} "
                 f"pg_loss {metrics['actor/pg_loss']:+.4f} {metrics['timing_s/step']:.2f}s"
                 + "".join(f" {k} {v:.3f}" for k, v in metrics.items() if k.startswith("val-core/")))
+        if self.trackers is not None:
+            self.trackers.close()
 
     def train_step(self, step: int) -> dict[str, float]:
         spec, timing = self.spec, {}
@@ -384,7 +395,7 @@ def main(spec_path: str, stop_after: int | None = None) -> int:
         log(f"{plan.spec.run_name}: {plan.spec.algorithm} ({plan.spec.loss_name}) on {plan.device}, "
             f"{len(trainer.train_problems)} training prompts, steps {trainer.start_step}..{plan.spec.steps}")
         trainer.fit(stop_after)
-    except BackendError as e:
+    except (BackendError, TrackerError) as e:
         print(f"rpg local backend: {e}", file=sys.stderr, flush=True)
         return 2
     return 0

@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 from rpg_cli import rundir
 from rpg_cli.backends.verl import diagnose
 from rpg_cli.spec import SpecError, count_problems
+from rpg_cli.trackers import verl_env, verl_loggers
 
 # the spec's KL-loss estimators -> verl 0.9.1's kl_loss_type (core_algos.kl_penalty_forward), which
 # rpg_cli.algorithms.kl.kl_loss_term computes alike
@@ -54,10 +55,12 @@ def resources(spec: ExperimentSpec) -> tuple[float, float]:
 
 
 def env(spec: ExperimentSpec, run_dir: Path) -> dict[str, str]:
-    """runtime_env env vars: the plugin for every verl process, metrics into the run directory."""
+    """runtime_env env vars: the plugin for every verl process, metrics into the run directory, and what
+    verl's tracking.py reads for the spec's trackers (W&B group/tags/id, TENSORBOARD_DIR, MLflow's URI)."""
     return {
         "VERL_USE_EXTERNAL_MODULES": PLUGIN_MODULE,
         "VERL_FILE_LOGGER_PATH": str(rundir.metrics_path(Path(run_dir).absolute())),
+        **verl_env(spec, run_dir),
     }
 
 
@@ -229,8 +232,8 @@ def overrides(spec: ExperimentSpec, run_dir: Path) -> list[str]:
         "trainer.save_freq": spec.save_every,
         "trainer.default_local_dir": str(rundir.checkpoints_dir(run_dir)),
         "trainer.resume_mode": "auto",
-        "trainer.logger": ["console", "file"],
-        "trainer.project_name": "rpg",
+        "trainer.logger": ["console", "file", *verl_loggers(spec)],  # `file` is what rpg ingests
+        "trainer.project_name": spec.trackers.project if spec.trackers else "rpg",
         "trainer.experiment_name": spec.run_name,
     }
     if spec.optimizer == "schedule_free":
