@@ -66,10 +66,11 @@ def assert_config_is_the_spec(spec: ExperimentSpec, cfg, run_dir: Path) -> None:
         assert (actor.clip_ratio_low, actor.clip_ratio_high, actor.clip_ratio_c) == (
             spec.clip.eps_low, spec.clip.eps_high, spec.clip.c)
     assert loss.clipped_weight == (spec.clip is not None and spec.clip.clipped_weight_in_sg)
-    # the reference: the frozen one is verl's ref worker; the iterative one needs no worker at all
+    # the reference: a frozen or reset one is verl's ref worker; the iterative one needs no worker at all
     kl_in_reward = spec.algorithm in ("reinforce_pp", "reinforce_pp_baseline")
-    assert need_reference_policy(cfg) == (spec.reference == "frozen")
-    assert loss.use_reference == (spec.reference == "frozen" and not kl_in_reward)
+    assert need_reference_policy(cfg) == (spec.reference != "iterative")
+    assert loss.use_reference == (spec.reference != "iterative" and not kl_in_reward)
+    assert cfg.trainer.v1.trainer_mode == "rpg" and launch.reference_from_config(cfg) == spec.reference
     assert actor.kl_loss_coef == 0.0  # verl's own KL loss never adds to ours
     assert algorithm.use_kl_in_reward == (kl_in_reward and spec.beta > 0)
     if algorithm.use_kl_in_reward:
@@ -146,7 +147,11 @@ def paper_run(**changes) -> ExperimentSpec:
     {"algorithm": "reinforce_pp", "kl": "none", "reference": "frozen", "beta": 1e-3, "context": "8k"},
     {"algorithm": "dapo", "kl": "none", "beta": 0.0, "dapo": {"dynamic_sampling": False, "overlong_buffer": 1024}},
     {"data": {"train_files": ["odd dir/train=1,b's.parquet"]}, "resources": {"nodes": 2, "gpus_per_node": 4, "cpus": 4}},
-], ids=["unclipped-schedule_free", "clipped-weight-remark-F2", "grpo_corrected", "reinforce_pp-8k", "dapo-no-dynamic-sampling", "2-nodes-no-val"])
+    {"reference": {"every": 10}},
+    {"reference": {"kl_target": 0.05, "ema": 0.2, "every": 50}, "optimizer": "schedule_free"},
+    {"algorithm": "reinforce_pp", "kl": "none", "reference": {"every": 10}, "beta": 1e-3},
+], ids=["unclipped-schedule_free", "clipped-weight-remark-F2", "grpo_corrected", "reinforce_pp-8k", "dapo-no-dynamic-sampling",
+        "2-nodes-no-val", "reference-every", "reference-kl-target-and-every", "reinforce_pp-reference-every"])
 def test_off_grid_variants_compose_equal_to_their_spec(changes, tmp_path):
     spec = paper_run(**changes)
     cfg = compose_verl(spec, tmp_path)
@@ -366,7 +371,6 @@ def test_global_batch_aggregation_matches_verls_own_ppo_loss(agg, dp_size, token
 
 
 @pytest.mark.parametrize("changes,field,words", [
-    ({"reference": {"every": 10}}, "reference", "ref worker cannot"),
     ({"rollout": {"engine": "hf"}}, "rollout.engine", "allowed with backend verl: vllm"),
     ({"resources": {"nodes": 1, "gpus_per_node": 0, "cpus": 4}}, "resources.gpus_per_node", "verl trains on GPUs"),
     ({"resources": {"nodes": 1, "gpus_per_node": 3, "cpus": 4}}, "train_batch_size", "do not split over 3 GPUs"),
@@ -380,15 +384,23 @@ def test_what_verl_cannot_run_is_rejected_at_plan_time(changes, field, words, tm
     assert "\n" not in str(caught.value)
 
 
-def test_sweep_dry_run_rejects_every_k_in_one_line_and_exit_2(tmp_path, monkeypatch):
+@pytest.mark.parametrize("reference", [{"every": 5}, {"kl_target": 0.05, "ema": 0.2}, {"every": 3, "kl_target": 0.1}])
+def test_sweep_dry_run_takes_a_reset_reference_and_shows_its_overrides(reference, tmp_path, monkeypatch):
     sweep = tmp_path / "s.yaml"
-    base = paper_run().canonical()
-    sweep.write_text(json.dumps({"name": "s", "base": {**base, "reference": {"every": 5}}}))
+    sweep.write_text(json.dumps({"name": "s", "base": {**paper_run().canonical(), "reference": reference}}))
     monkeypatch.chdir(tmp_path)
-    result = CliRunner().invoke(app, ["sweep", str(sweep), "--dry-run"])
-    assert result.exit_code == 2
-    lines = result.output.strip().splitlines()
-    assert len(lines) == 1 and "reference" in lines[0] and "every: 5" in lines[0]
+    result = CliRunner().invoke(app, ["sweep", str(sweep), "--dry-run", "--format", "json",
+                                      "--db", f"sqlite:///{tmp_path / 'none.db'}"])
+    assert result.exit_code == 0, result.output
+    (row,) = json.loads(result.output)
+    settings = {arg.split("=", 1)[0]: arg.split("=", 1)[1] for arg in row["entrypoint"][3:]}
+    assert settings["trainer.v1.trainer_mode"] == "rpg"
+    assert settings["+trainer.v1.rpg.reference"] == "reset"
+    assert settings["+trainer.v1.rpg.every"] == str(reference.get("every", "null"))
+    assert settings["+trainer.v1.rpg.kl_target"] == str(reference.get("kl_target", "null"))
+    assert settings["+trainer.v1.rpg.kl_ema"] == str(reference.get("ema", 0.1 if "kl_target" in reference else "null"))
+    assert settings["actor_rollout_ref.actor.use_kl_loss"] == "true"  # verl's ref worker runs
+    assert settings["+actor_rollout_ref.actor.policy_loss.use_reference"] == "true"  # and the loss uses it
 
 
 def test_dry_run_json_shows_the_full_verl_entrypoint_and_reserves_no_gpu(tmp_path, monkeypatch):

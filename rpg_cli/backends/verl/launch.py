@@ -13,7 +13,7 @@ import re
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from rpg_cli.spec import SpecError
+from rpg_cli.spec import Every, SpecError
 
 if TYPE_CHECKING:
     from rpg_cli.spec import ExperimentSpec
@@ -22,6 +22,10 @@ PLUGIN_MODULE = "rpg_cli.backends.verl.plugin"
 POLICY_LOSS_CONFIG = f"{PLUGIN_MODULE}.RPGPolicyLossConfig"
 OPTIMIZER_MODULE = "rpg_cli.backends.verl.optim"
 REWARD_FUNCTION = "pkg://rpg_cli.rewards"  # verl's load_module imports `pkg://` paths as modules
+# rpg's verl trainer (reference.RPGTrainer, registered with verl's register_trainer) and its settings, where
+# verl keeps each trainer mode's own (trainer.v1.<mode>)
+RPG_TRAINER = "rpg"
+REFERENCE_SETTINGS = f"trainer.v1.{RPG_TRAINER}"
 
 # our advantage estimators -> verl 0.9.1's (rpg = GRPO's group mean without the std division)
 ADV_ESTIMATORS = {
@@ -55,23 +59,16 @@ def env(spec: ExperimentSpec, run_dir: Path) -> dict[str, str]:
 
 def check(spec: ExperimentSpec) -> None:
     """Reject what verl 0.9.1 cannot run as specified (one-line SpecError with the field path)."""
-    if not isinstance(spec.reference, str):  # Every(K)
-        raise SpecError(
-            f"every: {spec.reference.every} needs the reference model reset to the actor every K steps, which "
-            "verl 0.9.1's ref worker cannot do; allowed with backend verl: iterative, frozen "
-            "(use backend local for every: K)",
-            "reference",
-        )
     if spec.rollout.engine != "vllm":
         raise SpecError(
             f"got {spec.rollout.engine!r}: verl 0.9.1 rolls out with vllm, sglang or trtllm servers only; "
             "allowed with backend verl: vllm (hf is the local backend's)",
             "rollout.engine",
         )
-    if spec.algorithm in KL_IN_REWARD and spec.beta > 0 and spec.reference != "frozen":
+    if spec.algorithm in KL_IN_REWARD and spec.beta > 0 and spec.reference == "iterative":
         raise SpecError(
             f"{spec.algorithm} folds beta * k1(pi_old/pi_ref) into the reward, which is 0 for the iterative "
-            "reference; allowed: reference frozen, or beta 0",
+            "reference; allowed: reference frozen, every or kl_target, or beta 0",
             "reference",
         )
     if spec.dapo is not None and spec.dapo.overlong_buffer is not None:
@@ -99,7 +96,7 @@ def overrides(spec: ExperimentSpec, run_dir: Path) -> list[str]:
     check(spec)
     run_dir = Path(run_dir).absolute()
     prompt_len, response_len = spec.max_prompt_length, spec.max_response_length
-    frozen = spec.reference == "frozen"
+    separate_reference = spec.reference != "iterative"  # frozen, or reset now and then: verl's ref worker
     kl_in_reward = spec.algorithm in KL_IN_REWARD and spec.beta > 0
     adv_estimator, norm_by_std = ADV_ESTIMATORS[spec.advantage_estimator]
     gpus = spec.resources.gpus_per_node
@@ -147,11 +144,11 @@ def overrides(spec: ExperimentSpec, run_dir: Path) -> list[str]:
         f"{actor}.policy_loss.loss_mode": spec.loss_name,
         f"+{actor}.policy_loss.beta": spec.beta,
         f"+{actor}.policy_loss.clip": clip is not None,
-        f"+{actor}.policy_loss.use_reference": frozen and not kl_in_reward,
+        f"+{actor}.policy_loss.use_reference": separate_reference and not kl_in_reward,
         f"+{actor}.policy_loss.clipped_weight": clip is not None and clip.clipped_weight_in_sg,
-        # the frozen reference comes from verl's ref worker, which verl starts only with a KL loss on;
+        # a separate reference comes from verl's ref worker, which verl starts only with a KL loss on;
         # that loss gets weight 0 because the KL lives inside our policy loss
-        f"{actor}.use_kl_loss": frozen and not kl_in_reward,
+        f"{actor}.use_kl_loss": separate_reference and not kl_in_reward,
         f"{actor}.kl_loss_coef": 0.0,
         f"{actor}.checkpoint.save_contents": ["model", "optimizer", "extra", "hf_model"],
         # rollout (vLLM) and validation sampling
@@ -195,10 +192,32 @@ def overrides(spec: ExperimentSpec, run_dir: Path) -> list[str]:
         values[f"{actor}.optim.optimizer_impl"] = OPTIMIZER_MODULE
     if spec.dapo is not None:
         values.update(_dapo(spec))
+    values.update(reference_overrides(spec))
     # also in ray.init's runtime_env: verl passes its own to ray.init, and its workers must load the plugin
     for key, value in env(spec, run_dir).items():
         values[f"+ray_kwargs.ray_init.runtime_env.env_vars.{key}"] = value
     return [f"{key}={_hydra_value(value)}" for key, value in values.items()]
+
+
+def reference_overrides(spec: ExperimentSpec) -> dict[str, Any]:
+    """rpg's trainer (`reference.RPGTrainer`, which resets the reference and logs `ref/*`) and its schedule."""
+    reference = spec.reference
+    schedule = None if isinstance(reference, str) else reference
+    return {
+        "trainer.v1.trainer_mode": RPG_TRAINER,
+        f"+{REFERENCE_SETTINGS}.reference": reference if isinstance(reference, str) else "reset",
+        f"+{REFERENCE_SETTINGS}.every": schedule.every if schedule else None,
+        f"+{REFERENCE_SETTINGS}.kl_target": schedule.kl_target if schedule else None,
+        f"+{REFERENCE_SETTINGS}.kl_ema": schedule.ema if schedule else None,
+    }
+
+
+def reference_from_config(config: Any) -> str | Every:
+    """The spec's `reference` back from a composed verl config (what `reference_overrides` wrote)."""
+    settings = config.trainer.v1[RPG_TRAINER]
+    if settings.reference != "reset":
+        return str(settings.reference)
+    return Every(every=settings.every, kl_target=settings.kl_target, ema=settings.kl_ema)
 
 
 def _dapo(spec: ExperimentSpec) -> dict[str, Any]:

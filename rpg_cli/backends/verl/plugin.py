@@ -12,6 +12,7 @@ verl logs entry-point failures only at debug level). Importing it:
   `ref_log_prob`: the wrapper hands the batch's padded ref_log_prob to our loss for the duration of
   the call (a context variable, set and reset around verl's own ppo_loss, which stays in charge of
   entropy, the KL loss and metrics).
+- imports `reference`, which registers rpg's trainer (the iterative reference) with verl.
 """
 
 from __future__ import annotations
@@ -188,3 +189,6 @@ def registered_names() -> list[str]:
 for _name in LOSS_NAMES:
     _register(_name)
 _install_ppo_loss_wrapper()
+
+# rpg's trainer and worker for the iterative reference (registered with verl's register_trainer on import)
+from rpg_cli.backends.verl import reference  # noqa: E402, F401
