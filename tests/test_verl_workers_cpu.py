@@ -28,19 +28,14 @@ STRATEGIES = ("fsdp", "fsdp2")  # verl's default FSDP1 engine, and FSDP2
 
 @pytest.fixture(scope="module")
 def measured(tmp_path_factory):
-    """Both strategies at once (one process each, side by side)."""
+    """Both strategies, one fresh process each."""
     work = tmp_path_factory.mktemp("verl_cpu")
-    procs = {s: subprocess.Popen([sys.executable, str(HARNESS), str(work / s), str(work / f"{s}.json"), s],
-                                 stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=HARNESS.parents[1])
-             for s in STRATEGIES}
     out = {}
-    for strategy, proc in procs.items():
-        try:
-            log, _ = proc.communicate(timeout=600)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            log, _ = proc.communicate()
-        out[strategy] = json.loads((work / f"{strategy}.json").read_text()) if proc.returncode == 0 else log[-6000:]
+    for strategy in STRATEGIES:
+        done = subprocess.run([sys.executable, str(HARNESS), str(work / strategy), str(work / f"{strategy}.json"), strategy],
+                              capture_output=True, text=True, timeout=600, cwd=HARNESS.parents[1])
+        out[strategy] = (json.loads((work / f"{strategy}.json").read_text()) if done.returncode == 0
+                         else (done.stdout + done.stderr)[-6000:])
     return out
 
 

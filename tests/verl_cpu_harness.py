@@ -165,6 +165,7 @@ class CPUPlatform(PlatformBase):
 
 
 set_platform(CPUPlatform())
+torch.set_num_threads(1)  # a model of 75k parameters: more threads only compete with the rest of the suite
 dist.init_process_group("gloo", rank=0, world_size=1, init_method=f"tcp://127.0.0.1:{PORT}")
 
 import torch.distributed.fsdp._init_utils as fsdp_init  # noqa: E402

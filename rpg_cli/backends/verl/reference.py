@@ -32,6 +32,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+
 import ray
 import torch
 import transfer_queue as tq
