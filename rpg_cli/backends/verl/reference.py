@@ -212,7 +212,8 @@ class RPGTrainer(PPOTrainerSync):
             # a checkpoint without rpg's state: the reference restarts from the resumed policy
             logger.warning("%s has no %s: the reference is reset to the resumed policy", folder, REFERENCE_STATE)
             self.reference.load_state_dict({"resets": 1, "born": self.global_steps + 1, "ema": 0.0, "kl": 0.0})
-            self.ref_policy_wg.reset_reference()
+            if self.use_reference_policy:
+                self.ref_policy_wg.reset_reference()
 
     def _resumed_folder(self) -> str:
         """The global_step_N folder verl's `_load_checkpoint` resumed from (the same rules)."""
