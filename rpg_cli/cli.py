@@ -337,7 +337,7 @@ def report(
     output_format: str = typer.Option(None, "--format", metavar="FORMAT", help="Table format: table, markdown, latex, csv or json (default: from --output's suffix .md/.tex/.csv/.json, else a terminal table)."),
     output: str = typer.Option(None, "--output", "-o", metavar="FILE|DIR", help="--table: write to FILE instead of printing. --plot: directory of the figures (default runs/plots)."),
     compare_paper: bool = typer.Option(False, "--compare-paper", metavar="", help="Put the paper's published numbers and the difference beside each reproduced one."),
-    metrics: str = typer.Option(None, "--metrics", metavar="M[,M]", help="--plot panels: reward, entropy, response_length, kl, val (one per benchmark), or any logged key. Default: those of the five that were logged."),
+    metrics: str = typer.Option(None, "--metrics", metavar="M[,M]", help="--plot panels: reward, entropy, response_length, kl, reference_kl, reference_age, val (one per benchmark), or any logged key. Default: those of these that were logged."),
     smooth: int = typer.Option(1, "--smooth", min=1, metavar="N", help="--plot: moving average over N logged steps."),
     db: str = typer.Option(None, "--db", metavar="URL", help=_DB_HELP),
 ) -> None:

@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any, Literal, Union
 
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, PrivateAttr, TypeAdapter, ValidationError
-from pydantic import field_validator, model_validator
+from pydantic import field_validator, model_serializer, model_validator
 
 if TYPE_CHECKING:
     from pydantic.fields import FieldInfo
@@ -89,8 +89,42 @@ class Clip(_Frozen):
     clipped_weight_in_sg: bool = False  # Remark F.2: the clipped weight inside stop-gradient
 
 
+DEFAULT_KL_EMA = 0.1  # rpg's choice (the paper gives none): the average forgets over about 10 steps
+
+
 class Every(_Frozen):
-    every: int = Field(ge=1)  # reset pi_ref to pi_old every K steps
+    """A reference that is reset to the current policy (pi_ref <- pi_theta) now and then: every K steps,
+    when an exponential moving average of the KL to it exceeds kl_target, or whichever comes first.
+    `ReferenceTracker` defines exactly when (the same in both backends)."""
+
+    every: int | None = Field(None, ge=1)  # reset after K steps with the same reference
+    kl_target: float | None = Field(None, gt=0)  # reset once the KL average exceeds this (kappa)
+    ema: float | None = Field(None, gt=0, le=1)  # weight of the newest step's KL in the average (alpha)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _ema_default(cls, data: Any) -> Any:
+        # a KL target always carries its average's weight, so the canonical spec (and run id) spells it out
+        if isinstance(data, dict) and data.get("kl_target") is not None and data.get("ema") is None:
+            data = {**data, "ema": DEFAULT_KL_EMA}
+        return data
+
+    @model_validator(mode="after")
+    def _one_trigger(self) -> Every:
+        if self.every is None and self.kl_target is None:
+            raise ValueError(f"got {self._given()}; allowed: {REFERENCE_FORMS}")
+        if self.ema is not None and self.kl_target is None:
+            raise ValueError(f"got {self._given()}: ema is the KL average's weight; allowed: ema with kl_target")
+        return self
+
+    @model_serializer(mode="wrap")
+    def _drop_unset(self, handler: Any) -> dict[str, Any]:
+        # {every: K} stays {"every": K} in spec.json, so run ids of existing every-K runs do not change
+        return {k: v for k, v in handler(self).items() if v is not None}
+
+    def _given(self) -> dict[str, Any]:
+        return {k: v for k, v in (("every", self.every), ("kl_target", self.kl_target), ("ema", self.ema))
+                if v is not None}
 
 
 class Data(_Frozen):
@@ -204,16 +238,13 @@ def _clip_off(value: Any) -> Any:
     return value
 
 
+REFERENCE_FORMS = "iterative, frozen, {every: K}, {kl_target: kappa, ema: alpha}, or both every and kl_target"
+
+
 def _reference_form(value: Any) -> Any:
-    allowed = "allowed: iterative, frozen, or {every: K} with K >= 1"
-    if isinstance(value, str) and value not in ("iterative", "frozen"):
-        raise ValueError(f"got {value!r}; {allowed}")
-    if isinstance(value, dict):
-        k = value.get("every")
-        if set(value) != {"every"} or not isinstance(k, int) or isinstance(k, bool) or k < 1:
-            raise ValueError(f"got {value!r}; {allowed}")
-    elif not isinstance(value, (str, Every)):
-        raise ValueError(f"got {value!r}; {allowed}")
+    # a mapping goes on to `Every`, whose errors name the sub-field (reference.kl_target: ...)
+    if (isinstance(value, str) and value not in ("iterative", "frozen")) or not isinstance(value, (str, dict, Every)):
+        raise ValueError(f"got {value!r}; allowed: {REFERENCE_FORMS}")
     return value
 
 
@@ -227,7 +258,67 @@ def _switch(value: Any) -> Any:
 ClipSetting = Annotated[Union[Clip, None], BeforeValidator(_clip_off)]
 DynamicSamplingSetting = Annotated[Union[DynamicSampling, None], BeforeValidator(_switch)]
 OverlongSetting = Annotated[Union[Overlong, None], BeforeValidator(_switch)]
-Reference = Annotated[Union[Literal["iterative", "frozen"], Every], BeforeValidator(_reference_form)]
+# Every first: for a mapping, pydantic's first error is then Every's own, with the sub-field's path
+Reference = Annotated[Union[Every, Literal["iterative", "frozen"]], BeforeValidator(_reference_form)]
+
+
+class ReferenceTracker:
+    """When pi_ref is reset to the current policy, and the `ref/*` metrics: one schedule for both backends.
+
+    The paper's iterative reference (section 4; MATH.md section 1, "With a separate reference pi_ref"):
+    pi_ref <- pi_theta every K steps, or when a moving average of the token-level KL to pi_ref exceeds a
+    target kappa. Precisely, for training step t = 1, 2, ... (one rollout batch and its updates):
+
+    1. `begin_step(t)`, before step t's reference log-probs; True means: copy the current policy (the one
+       that sampled step t, so pi_ref = pi_old of step t) into the reference now. It is True when
+         - the reference is `iterative` and t > 1 (pi_ref = pi_old every step, i.e. `every: 1`),
+         - `every: K` and t - born >= K (the reference has served K steps: resets before steps 1+K, 1+2K, ...
+           unless a KL reset moved born),
+         - `kl_target: kappa` and ema > kappa (the average after step t-1's KL),
+       and a reset sets born = t, resets += 1, ema = 0 (the KL to a fresh reference is 0). Step 1's
+       reference is the initial model, which is pi_old at step 1: born = 1 without a reset. `frozen`
+       never resets.
+    2. `observe(kl)`: kl is step t's KL to its reference, `rpg_cli.algorithms.kl.reference_kl`: the
+       token-mean over the batch's response tokens of k3(pi_ref/pi_old), from the log-probs the step
+       trains on (an estimate of KL(pi_old || pi_ref); 0 for `iterative`, which has no separate
+       reference). ema <- (1 - alpha) * ema + alpha * kl, alpha = `ema` of the spec (DEFAULT_KL_EMA
+       where the spec sets no KL target: the average is then only reported).
+    3. `metrics(t)`: `ref/resets` (resets so far, step t's included), `ref/steps_since_reset` (t - born:
+       how many steps' updates pi_old is ahead of pi_ref), `ref/kl`, `ref/kl_ema` (after step t's kl).
+
+    `state_dict()` is what a checkpoint keeps so that a resumed run continues the same schedule.
+    """
+
+    def __init__(self, reference: str | Every):
+        self.reference = reference
+        every = reference if isinstance(reference, Every) else None
+        self.every = 1 if reference == "iterative" else (every.every if every else None)
+        self.kl_target = every.kl_target if every else None
+        self.alpha = every.ema if every is not None and every.ema is not None else DEFAULT_KL_EMA
+        self.resets, self.born, self.ema, self.kl = 0, 1, 0.0, 0.0
+
+    def begin_step(self, step: int) -> bool:
+        due = self.every is not None and step - self.born >= self.every
+        drifted = self.kl_target is not None and self.ema > self.kl_target
+        if not (due or drifted):
+            return False
+        self.resets, self.born, self.ema = self.resets + 1, step, 0.0
+        return True
+
+    def observe(self, kl: float) -> None:
+        self.kl = float(kl)
+        self.ema = (1 - self.alpha) * self.ema + self.alpha * self.kl
+
+    def metrics(self, step: int) -> dict[str, float]:
+        return {"ref/resets": float(self.resets), "ref/steps_since_reset": float(step - self.born),
+                "ref/kl": self.kl, "ref/kl_ema": self.ema}
+
+    def state_dict(self) -> dict[str, float]:
+        return {"resets": self.resets, "born": self.born, "ema": self.ema, "kl": self.kl}
+
+    def load_state_dict(self, state: dict[str, float]) -> None:
+        self.resets, self.born = int(state["resets"]), int(state["born"])
+        self.ema, self.kl = float(state["ema"]), float(state["kl"])
 
 
 # Where metrics are reported, not what a run computes: spec.json records these fields, the run id ignores them.

@@ -268,3 +268,32 @@ def test_the_seed_reaches_the_prompt_order_and_the_sampler(toy, tmp_path):
 
     assert first_batch(0) == first_batch(0)
     assert first_batch(0) != first_batch(1)
+
+
+def test_kl_target_resets_the_reference_logs_ref_metrics_and_resumes_exactly(toy, tmp_path, capsys):
+    # a tiny target and a weight-1 average: any KL to the reference resets it before the next step
+    changes = dict(steps=6, save_every=3, beta=0.2, reference={"kl_target": 1e-9, "ema": 1.0},
+                   val={"n": 2, "every": 6, "temperature": 1.0, "top_p": 1.0})
+    whole = write_spec(tmp_path / "whole", toy, **changes)
+    assert run_trainer(str(whole)) == 0
+    lines = read_metrics(tmp_path / "whole")[1:]
+    assert [line["step"] for line in lines] == [1, 2, 3, 4, 5, 6]
+    resets = 0
+    for before, line in zip([None, *lines], lines):
+        data = line["data"]
+        reset = before is not None and before["data"]["ref/kl_ema"] > 1e-9
+        resets += reset
+        assert data["ref/resets"] == resets
+        if reset or line["step"] == 1:  # pi_ref is the policy that sampled the step: KL exactly 0
+            assert data["ref/steps_since_reset"] == 0 and data["ref/kl"] == 0.0
+        else:
+            assert data["ref/steps_since_reset"] == before["data"]["ref/steps_since_reset"] + 1
+        assert data["ref/kl_ema"] == data["ref/kl"]  # ema weight 1
+    assert resets >= 2
+    broken = write_spec(tmp_path / "broken", toy, **changes)
+    assert run_trainer(str(broken), stop_after=4) == 0  # "killed" after step 4; last checkpoint: step 3
+    capsys.readouterr()
+    assert run_trainer(str(broken)) == 0
+    assert "resuming from step_3: continuing at step 4" in capsys.readouterr().out
+    for got, want in zip(read_metrics(tmp_path / "broken"), read_metrics(tmp_path / "whole")):
+        assert comparable(got["data"]) == pytest.approx(comparable(want["data"]), rel=1e-6, abs=1e-9)

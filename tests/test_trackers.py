@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import struct
 from pathlib import Path
 
@@ -441,10 +442,12 @@ def test_export_to_wandb_offline_twice_keeps_one_run_per_rpg_run(tmp_path, offli
     db, plans = synthetic_store(tmp_path)
     out = export_twice(["--to", "wandb", "--offline", "--db", db, "--dir", str(tmp_path / "wb"), "--project", "exp"])
     dirs = sorted((tmp_path / "wb" / "wandb").glob("offline-run-*"))
-    assert sorted(d.name.rsplit("-", 2)[-2:][1] for d in dirs) == sorted(p.id for p in plans)  # one per run
+    # offline-run-<time>-rpg-<run id>, with a suffix (-1) when the second export starts in the same second
+    ids = [re.fullmatch(r"offline-run-[0-9_]+-rpg-([0-9a-f]+)(-\d+)?", d.name).group(1) for d in dirs]
+    assert sorted(ids) == sorted(p.id for p in plans)  # one per run
     groups = {}
     for i, p in enumerate(plans):
-        (run_dir,) = [d for d in dirs if d.name.endswith(wandb_run_id(p.id))]
+        (run_dir,) = [d for d in dirs if f"-{wandb_run_id(p.id)}" in d.name]
         run, history, summary = read_wandb_offline(run_dir)
         assert (run.project, run.display_name, run.job_type) == ("exp", p.name, "sw")
         assert f"algorithm={p.spec['algorithm']}" in run.tags and "sweep=sw" in run.tags
@@ -454,6 +457,20 @@ def test_export_to_wandb_offline_twice_keeps_one_run_per_rpg_run(tmp_path, offli
         assert summary["eval/aime25/dapo/mean@8"] == pytest.approx(0.75 + i / 100)
     assert list(groups.values()) == [{0, 1}, {0, 1}]  # each cell's seeds in one W&B group
     assert_no_secrets(tmp_path, text="".join(out))
+
+
+def test_an_offline_reexport_in_the_same_second_replaces_the_earlier_one(tmp_path):
+    from rpg_cli.trackers.export import _drop_earlier_offline_runs
+
+    wandb_dir = tmp_path / "wandb"
+    names = ["offline-run-20261123_113450-rpg-aaaa1111",  # the earlier export
+             "offline-run-20261123_113450-rpg-aaaa1111-1",  # this one: W&B's suffix, the same second
+             "offline-run-20261123_113450-rpg-aaaa11112",  # another run whose id extends this one's
+             "offline-run-20261123_113450-rpg-bbbb2222"]
+    for name in names:
+        (wandb_dir / name).mkdir(parents=True)
+    _drop_earlier_offline_runs(wandb_dir / names[1], "rpg-aaaa1111")
+    assert sorted(p.name for p in wandb_dir.iterdir()) == names[1:]
 
 
 @needs_mlflow

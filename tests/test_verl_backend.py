@@ -29,7 +29,7 @@ from rpg_cli.algorithms import LOSS_AGG_MODES, LOSS_NAMES, policy_loss  # noqa: 
 from rpg_cli.backends.verl import diagnose, launch  # noqa: E402
 from rpg_cli.cli import app  # noqa: E402
 from rpg_cli.orchestration.plan import plan_sweep  # noqa: E402
-from rpg_cli.spec import ExperimentSpec, SpecError, load_sweep  # noqa: E402
+from rpg_cli.spec import Every, ExperimentSpec, SpecError, load_sweep  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
 GRIDS = [REPO / "experiments" / "paper-qwen25-7b-instruct.yaml", REPO / "experiments" / "paper-qwen3-4b.yaml"]
@@ -72,13 +72,15 @@ def assert_config_is_the_spec(spec: ExperimentSpec, cfg, run_dir: Path) -> None:
             spec.clip.eps_low, spec.clip.eps_high, spec.clip.c)
     assert loss.clipped_weight == (spec.clip is not None and spec.clip.clipped_weight_in_sg)
     assert loss.kl_clamp == spec.kl_clamp
-    # the reference: the frozen one is verl's ref worker, loaded only when something reads it; the
-    # iterative one is pi_old and needs no worker at all
-    frozen = spec.reference == "frozen"
+    # the reference: a frozen or reset one is verl's ref worker, started only when something reads it (the
+    # reset schedule's KL trigger does); the iterative one is pi_old and needs no worker at all
+    separate = spec.reference != "iterative"
+    resets = isinstance(spec.reference, Every)
     kl_in_reward = spec.algorithm in ("reinforce_pp", "reinforce_pp_baseline") and spec.beta > 0
     kl_in_loss = spec.algorithm in ("rpg", "rpg_reinforce", "grpo") and spec.beta > 0
-    assert loss.use_reference == (frozen and kl_in_loss)
-    assert need_reference_policy(cfg) == (frozen and (kl_in_loss or kl_in_reward or spec.kl_loss is not None))
+    assert loss.use_reference == (separate and kl_in_loss)
+    assert need_reference_policy(cfg) == (separate and (kl_in_loss or kl_in_reward or resets or spec.kl_loss is not None))
+    assert cfg.trainer.v1.trainer_mode == "rpg" and launch.reference_from_config(cfg) == spec.reference
     assert algorithm.use_kl_in_reward == kl_in_reward
     if algorithm.use_kl_in_reward:
         assert (algorithm.kl_penalty, algorithm.kl_ctrl.kl_coef) == ("kl", spec.beta)
@@ -87,7 +89,7 @@ def assert_config_is_the_spec(spec: ExperimentSpec, cfg, run_dir: Path) -> None:
     else:  # verl computes it: toward its ref worker (frozen) or toward pi_old, handed in by the plugin
         assert (actor.kl_loss_type, actor.kl_loss_coef) == (launch.KL_LOSS_ESTIMATORS[spec.kl_loss.estimator],
                                                             spec.kl_loss.coef)
-        assert actor.use_kl_loss == frozen and loss.kl_loss_to_old == (spec.reference == "iterative")
+        assert actor.use_kl_loss == separate and loss.kl_loss_to_old == (spec.reference == "iterative")
     # lengths, batches, sampling
     assert (cfg.data.max_prompt_length, cfg.data.max_response_length) == (spec.max_prompt_length,
                                                                            spec.max_response_length)
@@ -170,8 +172,14 @@ def paper_run(**changes) -> ExperimentSpec:
      "kl_loss": {"estimator": "k3", "coef": 1e-3}},
     {"algorithm": "grpo", "kl": "none", "reference": "frozen", "beta": 1e-3, "kl_clamp": False},
     {"data": {"train_files": ["odd dir/train=1,b's.parquet"]}, "resources": {"nodes": 2, "gpus_per_node": 4, "cpus": 4}},
+    {"reference": {"every": 10}},
+    {"reference": {"kl_target": 0.05, "ema": 0.2, "every": 50}, "optimizer": "schedule_free"},
+    {"algorithm": "reinforce_pp", "kl": "none", "reference": {"every": 10}, "beta": 1e-3},
+    {"algorithm": "rpg", "kl": "urkl", "beta": 0.0, "reference": {"every": 10}},
+    {"algorithm": "rpg", "kl": "urkl", "beta": 0.0, "reference": "frozen"},
 ], ids=["unclipped-schedule_free", "clipped-weight-remark-F2", "grpo_corrected", "reinforce_pp-8k", "dapo-no-dynamic-sampling",
-        "rfppb-k3-kl-loss-frozen", "grpo-exact-k3", "2-nodes-no-val"])
+        "rfppb-k3-kl-loss-frozen", "grpo-exact-k3", "2-nodes-no-val", "reference-every", "reference-kl-target-and-every",
+        "reinforce_pp-reference-every", "reset-reference-nothing-reads", "frozen-reference-nothing-reads"])
 def test_off_grid_variants_compose_equal_to_their_spec(changes, tmp_path):
     spec = paper_run(**changes)
     cfg = compose_verl(spec, tmp_path)
@@ -427,7 +435,6 @@ def test_global_batch_aggregation_matches_verls_own_ppo_loss(agg, dp_size, token
 
 
 @pytest.mark.parametrize("changes,field,words", [
-    ({"reference": {"every": 10}}, "reference", "ref worker cannot"),
     ({"rollout": {"engine": "hf"}}, "rollout.engine", "allowed with backend verl: vllm"),
     ({"resources": {"nodes": 1, "gpus_per_node": 0, "cpus": 4}}, "resources.gpus_per_node", "verl trains on GPUs"),
     ({"resources": {"nodes": 1, "gpus_per_node": 3, "cpus": 4}}, "train_batch_size", "do not split over 3 GPUs"),
@@ -441,15 +448,23 @@ def test_what_verl_cannot_run_is_rejected_at_plan_time(changes, field, words, tm
     assert "\n" not in str(caught.value)
 
 
-def test_sweep_dry_run_rejects_every_k_in_one_line_and_exit_2(tmp_path, monkeypatch):
+@pytest.mark.parametrize("reference", [{"every": 5}, {"kl_target": 0.05, "ema": 0.2}, {"every": 3, "kl_target": 0.1}])
+def test_sweep_dry_run_takes_a_reset_reference_and_shows_its_overrides(reference, tmp_path, monkeypatch):
     sweep = tmp_path / "s.yaml"
-    base = paper_run().canonical()
-    sweep.write_text(json.dumps({"name": "s", "base": {**base, "reference": {"every": 5}}}))
+    sweep.write_text(json.dumps({"name": "s", "base": {**paper_run().canonical(), "reference": reference}}))
     monkeypatch.chdir(tmp_path)
-    result = CliRunner().invoke(app, ["sweep", str(sweep), "--dry-run"])
-    assert result.exit_code == 2
-    lines = result.output.strip().splitlines()
-    assert len(lines) == 1 and "reference" in lines[0] and "every: 5" in lines[0]
+    result = CliRunner().invoke(app, ["sweep", str(sweep), "--dry-run", "--format", "json",
+                                      "--db", f"sqlite:///{tmp_path / 'none.db'}"])
+    assert result.exit_code == 0, result.output
+    (row,) = json.loads(result.output)
+    settings = {arg.split("=", 1)[0]: arg.split("=", 1)[1] for arg in row["entrypoint"][3:]}
+    assert settings["trainer.v1.trainer_mode"] == "rpg"
+    assert settings["+trainer.v1.rpg.reference"] == "reset"
+    assert settings["+trainer.v1.rpg.every"] == str(reference.get("every", "null"))
+    assert settings["+trainer.v1.rpg.kl_target"] == str(reference.get("kl_target", "null"))
+    assert settings["+trainer.v1.rpg.kl_ema"] == str(reference.get("ema", 0.1 if "kl_target" in reference else "null"))
+    assert settings["actor_rollout_ref.actor.use_kl_loss"] == "true"  # verl's ref worker runs
+    assert settings["+actor_rollout_ref.actor.policy_loss.use_reference"] == "true"  # and the loss uses it
 
 
 def test_dry_run_json_shows_the_full_verl_entrypoint_and_reserves_no_gpu(tmp_path, monkeypatch):

@@ -148,3 +148,21 @@ def kl_component(variant: str, log_w: torch.Tensor, log_rho: torch.Tensor | None
     if variant == "urkl":
         return -w * log_u
     raise ValueError(f"unknown KL variant {variant!r}; expected one of {', '.join(KL_VARIANTS)}")
+
+
+@torch.no_grad()
+def reference_kl(old_log_prob: torch.Tensor, ref_log_prob: torch.Tensor, response_mask: torch.Tensor) -> torch.Tensor:
+    """The KL to the reference that the iterative reference tracks (section 1, "With a separate reference
+    pi_ref"; the paper's "token-level KL"): the token-mean over all valid tokens of the batch of
+
+        k3(pi_ref / pi_old) = rho - 1 - log rho,   log rho = ref_logp - old_logp,
+
+    whose expectation under x ~ pi_old is UKL(pi_old || pi_ref) = KL(pi_old || pi_ref) (the k3 identity of
+    section 1), i.e. how far the policy that sampled the batch has moved from pi_ref. 0 when no token is
+    valid; padded positions never enter (masked before the exp); computed in at least float32 (verl's
+    log-probs may be bf16).
+    """
+    dtype = torch.promote_types(torch.promote_types(old_log_prob.dtype, ref_log_prob.dtype), torch.float32)
+    mask = response_mask.bool()
+    log_rho = torch.where(mask, clamp_log_ratio(ref_log_prob.to(dtype) - old_log_prob.to(dtype)), 0.0)
+    return k3(log_rho).sum() / mask.sum().clamp(min=1)

@@ -179,7 +179,9 @@ def _swap_in(staging: Path, final: Path) -> None:
 
 
 def _drop_earlier_offline_runs(current: Path, wandb_id: str) -> None:
-    """Offline, W&B writes a new offline-run-<time>-<id> directory per init: keep only the newest export."""
-    for entry in current.parent.glob(f"offline-run-*-{wandb_id}"):
+    """Offline, W&B writes a new offline-run-<time>-<id> directory per init (with a suffix, -1, ..., when one
+    of that second exists): keep only the newest export."""
+    earlier = [*current.parent.glob(f"offline-run-*-{wandb_id}"), *current.parent.glob(f"offline-run-*-{wandb_id}-*")]
+    for entry in earlier:
         if entry.is_dir() and entry.resolve() != current.resolve():
             shutil.rmtree(entry)

@@ -1,9 +1,11 @@
 """The local backend's RL loop: one process, one device, the same spec and math as the verl backend.
 
-Per step: draw `train_batch_size` prompts, sample `rollout_n` responses each, score them with
-`rpg_cli.rewards`, (dynamic sampling, any algorithm: draw `gen_batches` prompt batches per round, drop
-groups whose accuracy is the same for every response and draw more; overlong shaping: add the length
-penalty), take old log-probs (and reference log-probs unless the reference is pi_old itself), compute
+Per step: reset the reference to the current policy when `rpg_cli.spec.ReferenceTracker` says so
+(`reference: {every: K}` / `{kl_target: ...}`), draw `train_batch_size` prompts, sample `rollout_n`
+responses each, score them with `rpg_cli.rewards`, (dynamic sampling, any algorithm: draw `gen_batches`
+prompt batches per round, drop groups whose accuracy is the same for every response and draw more;
+overlong shaping: add the length penalty), take old log-probs (and reference log-probs unless the
+reference is pi_old itself: their KL feeds the tracker and the `ref/*` metrics), compute
 the spec's advantages, then `ppo_epochs` passes over mini-batches of `ppo_mini_batch_size` prompts,
 each one optimizer step on `policy_loss` (plus the spec's KL loss) with gradient clipping. Validation
 (k = val.n samples per distinct problem) runs before training and every val.every steps; checkpoints every
@@ -32,12 +34,14 @@ import torch
 from rpg_cli import rundir
 from rpg_cli.algorithms import aggregate, kl_penalty_loss, policy_loss
 from rpg_cli.algorithms import advantages as adv
+from rpg_cli.algorithms.kl import reference_kl
 from rpg_cli.backends.local import checkpoint as ckpt
 from rpg_cli.backends.local.data import batch_indices, load_problems
 from rpg_cli.backends.local.preflight import BackendError, Plan
 from rpg_cli.backends.local.rollout import Problem, Rollouts, concat, eos_ids, generate, score_rollouts, token_log_probs
 from rpg_cli.trackers import TrackerError
 from rpg_cli.trackers.writers import open_run
+from rpg_cli.spec import Every, ReferenceTracker
 
 # Sequences per forward/backward chunk are bounded by this many tokens (gradient accumulation above it).
 MICRO_BATCH_TOKENS = 32_768
@@ -89,7 +93,8 @@ class Trainer:
                              if spec.data.val_files else [])
         self.optimizer = make_optimizer(spec, self.model)
         self.ref_model = None
-        if spec.reference != "iterative":  # frozen, or every K: starts as the initial model
+        self.reference = ReferenceTracker(spec.reference)  # when pi_ref is reset, and the ref/* metrics
+        if spec.reference != "iterative":  # frozen, or reset now and then: starts as the initial model
             self.ref_model = AutoModelForCausalLM.from_pretrained(spec.model, dtype=torch.float32).to(self.device).eval()
             self.ref_model.requires_grad_(False)
         self.start_step, self.gen_batches = 1, 0
@@ -98,6 +103,8 @@ class Trainer:
             self.optimizer.load_state_dict(state["optimizer"])
             if state.get("ref") is not None:
                 self.ref_model.load_state_dict(state["ref"])
+            if state.get("reference") is not None:
+                self.reference.load_state_dict(state["reference"])
             self.start_step, self.gen_batches = state["step"] + 1, state["gen_batches"]
             log(f"resuming from {resume[1].name}: continuing at step {self.start_step}")
         self.metrics = ckpt.MetricsLog(rundir.metrics_path(self.run_dir), keep_through=resume[0] if resume else None)
@@ -142,7 +149,7 @@ class Trainer:
     def train_step(self, step: int) -> dict[str, float]:
         spec, timing = self.spec, {}
         self._eval_weights()
-        if hasattr(spec.reference, "every") and (step - 1) % spec.reference.every == 0:
+        if self.reference.begin_step(step) and self.ref_model is not None:
             self.ref_model.load_state_dict(self.model.state_dict())  # reset pi_ref to the current policy
         t = time.perf_counter()
         batch = self.sample_batch()
@@ -156,6 +163,8 @@ class Trainer:
             t = time.perf_counter()
             ref_log_prob = self.forward_log_probs(self.ref_model, r)
             timing["timing_s/ref"] = time.perf_counter() - t
+        # the step's KL to its reference (0 for the iterative one, pi_ref = pi_old): the KL trigger's input
+        self.reference.observe(0.0 if ref_log_prob is None else reference_kl(old_log_prob, ref_log_prob, r.response_mask))
         t = time.perf_counter()
         rewards = batch.rewards
         extra: dict[str, float] = {}
@@ -173,6 +182,7 @@ class Trainer:
         self._eval_weights()
         timing["timing_s/update_actor"] = time.perf_counter() - t
         return {**actor, **extra, **batch_metrics(batch, rewards, advantages, self.max_new_tokens(r)), **timing,
+                **self.reference.metrics(step),
                 "train/num_gen_batches": float(batch.gen_batches), "training/global_step": float(step),
                 "training/epoch": float(self.gen_batches * spec.train_batch_size // len(self.train_problems))}
 
@@ -306,9 +316,10 @@ class Trainer:
 
     def save(self, step: int) -> None:
         self._eval_weights()
-        every = hasattr(self.spec.reference, "every")
+        resets = isinstance(self.spec.reference, Every)  # the reference may be neither the initial model nor the policy
         state = {"step": step, "gen_batches": self.gen_batches, "optimizer": self.optimizer.state_dict(),
-                 "ref": self.ref_model.state_dict() if every else None, "run_id": self.spec.run_id}
+                 "ref": self.ref_model.state_dict() if resets else None, "reference": self.reference.state_dict(),
+                 "run_id": self.spec.run_id}
         ckpt.save_checkpoint(self.run_dir, step, self.model, self.tokenizer, state)
 
     # ------------------------------------------------------------------ helpers

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 from rpg_cli import rundir
 from rpg_cli.backends.verl import diagnose
-from rpg_cli.spec import SpecError, count_problems
+from rpg_cli.spec import Every, SpecError, count_problems
 from rpg_cli.trackers import verl_env, verl_loggers
 
 # the spec's KL-loss estimators -> verl 0.9.1's kl_loss_type (core_algos.kl_penalty_forward), which
@@ -29,6 +29,10 @@ PLUGIN_MODULE = "rpg_cli.backends.verl.plugin"
 POLICY_LOSS_CONFIG = f"{PLUGIN_MODULE}.RPGPolicyLossConfig"
 OPTIMIZER_MODULE = "rpg_cli.backends.verl.optim"
 REWARD_FUNCTION = "pkg://rpg_cli.rewards"  # verl's load_module imports `pkg://` paths as modules
+# rpg's verl trainer (reference.RPGTrainer, registered with verl's register_trainer) and its settings, where
+# verl keeps each trainer mode's own (trainer.v1.<mode>)
+RPG_TRAINER = "rpg"
+REFERENCE_SETTINGS = f"trainer.v1.{RPG_TRAINER}"
 
 # our advantage estimators -> verl 0.9.1's (rpg = GRPO's group mean without the std division)
 ADV_ESTIMATORS = {
@@ -74,23 +78,16 @@ failure_reason = diagnose.failure_reason  # one line for a failed job, from the 
 
 def check(spec: ExperimentSpec) -> None:
     """Reject what verl 0.9.1 cannot run as specified (one-line SpecError with the field path)."""
-    if not isinstance(spec.reference, str):  # Every(K)
-        raise SpecError(
-            f"every: {spec.reference.every} needs the reference model reset to the actor every K steps, which "
-            "verl 0.9.1's ref worker cannot do; allowed with backend verl: iterative, frozen "
-            "(use backend local for every: K)",
-            "reference",
-        )
     if spec.rollout.engine != "vllm":
         raise SpecError(
             f"got {spec.rollout.engine!r}: verl 0.9.1 rolls out with vllm, sglang or trtllm servers only; "
             "allowed with backend verl: vllm (hf is the local backend's)",
             "rollout.engine",
         )
-    if spec.algorithm in KL_IN_REWARD and spec.beta > 0 and spec.reference != "frozen":
+    if spec.algorithm in KL_IN_REWARD and spec.beta > 0 and spec.reference == "iterative":
         raise SpecError(
             f"{spec.algorithm} folds beta * k1(pi_old/pi_ref) into the reward, which is 0 for the iterative "
-            "reference; allowed: reference frozen, or beta 0",
+            "reference; allowed: reference frozen, every or kl_target, or beta 0",
             "reference",
         )
     if spec.overlong is not None and spec.overlong.buffer > spec.max_response_length:
@@ -136,11 +133,14 @@ def overrides(spec: ExperimentSpec, run_dir: Path) -> list[str]:
     check(spec)
     run_dir = Path(run_dir).absolute()
     prompt_len, response_len = spec.max_prompt_length, spec.max_response_length
-    frozen = spec.reference == "frozen"
+    separate_reference = spec.reference != "iterative"  # frozen, or reset now and then: verl's ref worker
     kl_in_reward = spec.algorithm in KL_IN_REWARD and spec.beta > 0
-    # our loss reads verl's ref_log_prob (frozen reference); the iterative one is pi_old, no model at all
-    loss_uses_reference = frozen and spec.algorithm in KL_IN_LOSS and spec.beta > 0
+    # our loss reads verl's ref_log_prob (a separate reference); the iterative one is pi_old, no model at all
+    loss_uses_reference = separate_reference and spec.algorithm in KL_IN_LOSS and spec.beta > 0
     kl_loss = spec.kl_loss
+    # verl starts its ref worker only for a KL in the reward or a KL loss: a weight-0 KL loss starts it where
+    # only our loss or the reset schedule (whose KL trigger reads ref_log_prob) needs it
+    needs_ref_worker = loss_uses_reference or (isinstance(spec.reference, Every) and not kl_in_reward)
     adv_estimator, norm_by_std = ADV_ESTIMATORS[spec.advantage_estimator]
     gpus = spec.resources.gpus_per_node
     clip = spec.clip
@@ -192,10 +192,9 @@ def overrides(spec: ExperimentSpec, run_dir: Path) -> list[str]:
         f"+{actor}.policy_loss.use_reference": loss_uses_reference,
         f"+{actor}.policy_loss.clipped_weight": clip is not None and clip.clipped_weight_in_sg,
         f"+{actor}.policy_loss.kl_clamp": spec.kl_clamp,
-        # verl's own KL loss: the spec's kl_loss (its reference: verl's ref worker when frozen, pi_old handed in
-        # by the plugin when iterative, which needs no ref worker); else off, or weight 0 where it only
-        # makes verl start the ref worker whose ref_log_prob our loss reads (the KL lives inside our loss)
-        f"{actor}.use_kl_loss": loss_uses_reference or (kl_loss is not None and frozen),
+        # verl's own KL loss: the spec's kl_loss (its reference: verl's ref worker when separate, pi_old handed in
+        # by the plugin when iterative, which needs no ref worker); else off, or weight 0 (needs_ref_worker)
+        f"{actor}.use_kl_loss": separate_reference and (kl_loss is not None or needs_ref_worker),
         f"{actor}.kl_loss_coef": kl_loss.coef if kl_loss is not None else 0.0,
         f"{actor}.kl_loss_type": KL_LOSS_ESTIMATORS[kl_loss.estimator] if kl_loss is not None else "low_var_kl",
         f"+{actor}.policy_loss.kl_loss_to_old": kl_loss is not None and spec.reference == "iterative",
@@ -240,10 +239,32 @@ def overrides(spec: ExperimentSpec, run_dir: Path) -> list[str]:
         values[f"{actor}.optim.optimizer"] = "AdamWScheduleFree"
         values[f"{actor}.optim.optimizer_impl"] = OPTIMIZER_MODULE
     values.update(_tricks(spec))
+    values.update(reference_overrides(spec))
     # also in ray.init's runtime_env: verl passes its own to ray.init, and its workers must load the plugin
     for key, value in env(spec, run_dir).items():
         values[f"+ray_kwargs.ray_init.runtime_env.env_vars.{key}"] = value
     return [f"{key}={_hydra_value(value)}" for key, value in values.items()]
+
+
+def reference_overrides(spec: ExperimentSpec) -> dict[str, Any]:
+    """rpg's trainer (`reference.RPGTrainer`, which resets the reference and logs `ref/*`) and its schedule."""
+    reference = spec.reference
+    schedule = None if isinstance(reference, str) else reference
+    return {
+        "trainer.v1.trainer_mode": RPG_TRAINER,
+        f"+{REFERENCE_SETTINGS}.reference": reference if isinstance(reference, str) else "reset",
+        f"+{REFERENCE_SETTINGS}.every": schedule.every if schedule else None,
+        f"+{REFERENCE_SETTINGS}.kl_target": schedule.kl_target if schedule else None,
+        f"+{REFERENCE_SETTINGS}.kl_ema": schedule.ema if schedule else None,
+    }
+
+
+def reference_from_config(config: Any) -> str | Every:
+    """The spec's `reference` back from a composed verl config (what `reference_overrides` wrote)."""
+    settings = config.trainer.v1[RPG_TRAINER]
+    if settings.reference != "reset":
+        return str(settings.reference)
+    return Every(every=settings.every, kl_target=settings.kl_target, ema=settings.kl_ema)
 
 
 def _tricks(spec: ExperimentSpec) -> dict[str, Any]:

@@ -17,6 +17,7 @@ verl logs entry-point failures only at debug level). Importing it:
   it. verl's ref worker always holds the frozen initial model, so the run leaves `use_kl_loss` off (no ref
   worker, no reference forward pass) and the wrapper turns it on for the loss with old_log_probs in the
   place of ref_log_prob; verl's kl_penalty and agg_loss compute the term as for a frozen reference.
+- imports `reference`, which registers rpg's trainer (the iterative reference) with verl.
 """
 
 from __future__ import annotations
@@ -202,3 +203,6 @@ def registered_names() -> list[str]:
 for _name in LOSS_NAMES:
     _register(_name)
 _install_ppo_loss_wrapper()
+
+# rpg's trainer and worker for the iterative reference (registered with verl's register_trainer on import)
+from rpg_cli.backends.verl import reference  # noqa: E402, F401
