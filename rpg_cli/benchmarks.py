@@ -16,6 +16,8 @@ BENCHMARK_ALIASES = {
     "amc_23": "amc23",
     "amc2023": "amc23",
     "amc-23": "amc23",
+    "minerva": "minerva_math",  # Table 7's benchmarks: rpg prepare-data's data_source is the paper's name
+    "olympiad_bench": "olympiadbench",
 }
 
 

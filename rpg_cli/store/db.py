@@ -35,7 +35,7 @@ from rpg_cli.store.ingest import (
     segments,
 )
 from rpg_cli.store.queries import Queries
-from rpg_cli.store.schema import schema
+from rpg_cli.store.schema import PROTOCOL, schema
 from rpg_cli.store.url import (
     DEFAULT_DB_URL,
     SQLITE_BUSY_TIMEOUT_S,
@@ -400,13 +400,13 @@ class Store(Queries):
     def record_evals(self, rows: Iterable[Mapping[str, Any]]) -> int:
         """Upsert eval scores: dicts with run_id, step, benchmark, metric, k, scorer, the protocol (n,
         temperature, top_p, max_tokens, seed), value, scorer_version."""
-        return self._upsert_rows(self.t.evals, rows)
+        return self._upsert_rows(self.t.evals, _with_protocol(rows))
 
     def record_samples(self, rows: Iterable[Mapping[str, Any]]) -> int:
         """Upsert scored samples: dicts with run_id, step, benchmark, problem (its fingerprint),
         sample_index, scorer, the protocol (n, temperature, top_p, max_tokens, seed), position,
         extracted, correct, response_length."""
-        return self._upsert_rows(self.t.samples, rows)
+        return self._upsert_rows(self.t.samples, _with_protocol(rows))
 
     @contextlib.contextmanager
     def _write(self) -> Iterator[sa.Connection]:
@@ -461,6 +461,35 @@ class Store(Queries):
                 {c.name: stmt.inserted[c.name] for c in table.columns if c.name not in keys}
             )
         raise StoreError(f"rpg's store supports SQLite, PostgreSQL and MySQL URLs, not {name!r}; change --db")
+
+    def run_history(self, run_id: str) -> tuple[dict[int, dict[str, float | None]], list[dict[str, Any]]]:
+        """Everything recorded for one run, for exporting it: {step: {key: value}} of its metrics (None
+        for NaN), and its eval rows as dicts (step, benchmark, metric, k, scorer, value, scorer_version,
+        and the protocol: schema.PROTOCOL)."""
+        import sqlalchemy as sa
+
+        m, e = self.t.metrics.c, self.t.evals.c
+        metrics: dict[int, dict[str, float | None]] = {}
+        with self.engine.connect() as conn:
+            for step, key, value in conn.execute(
+                sa.select(m.step, m.key, m.value).where(m.run_id == run_id).order_by(m.step, m.key)
+            ):
+                metrics.setdefault(step, {})[key] = value
+            evals = [dict(row) for row in conn.execute(
+                sa.select(e.step, e.benchmark, e.metric, e.k, e.scorer, e.value, e.scorer_version,
+                          *(e[name] for name in PROTOCOL))
+                .where(e.run_id == run_id).order_by(e.step, e.benchmark, e.scorer, e.metric, e.k)
+            ).mappings()]
+        return metrics, evals
+
+
+def _with_protocol(rows: Iterable[Mapping[str, Any]]) -> list[Mapping[str, Any]]:
+    """The rows, each with its whole protocol: a score without one would match every protocol's cell."""
+    rows = list(rows)
+    for row in rows:
+        if missing := [name for name in PROTOCOL if row.get(name) is None]:
+            raise ValueError(f"a score without its sampling protocol ({', '.join(missing)}): {dict(row)}")
+    return rows
 
 
 def _run_record(row: Mapping[str, Any]) -> RunRecord:
