@@ -395,23 +395,37 @@ def test_two_sweeps_sharing_a_run_agree_on_its_state_and_its_directory(cluster, 
         targets = {t.run_id: t for t in _plan_targets(sweep, db)}
         assert targets["shared-cell"].run_dir == home.resolve()
 
-    # cancel through the second sweep stops the shared run; a retry through the first resumes it at home
-    (home / "argv.json").unlink()
-    hang = run_sweep([shared("m2", mode="hang")], "m2", db, runs_dir=cluster["runs"], detach=True, retry_failed=True)
-    assert hang.counts["succeeded"] == 1  # succeeded: never resubmitted, not even with --retry-failed
-    store = open_store(db)
-    store.set_status("shared-cell", "failed", error="as if it had failed")
-    store.close()
-    run_sweep([shared("m2", mode="hang")], "m2", db, runs_dir=cluster["runs"], detach=True, retry_failed=True)
-    while not (home / "argv.json").exists():
-        time.sleep(0.2)
-    stopped = runner.invoke(app, ["cancel", "m2", *common])
-    assert stopped.exit_code == 0 and "shared" in stopped.output
-    listed = runner.invoke(app, ["runs", "--sweep", "m1", "--format", "json", "--db", db])
-    assert {r["id"]: r["status"] for r in json.loads(listed.output)}["shared-cell"] == "stopped"
-    again = run_sweep([shared("m1")], "m1", db, runs_dir=cluster["runs"], retry_failed=True, poll_s=0.3)
-    assert again.counts["succeeded"] == 1 and not (cluster["runs"] / "m2" / "shared").exists()
+    # a live shared run: the second sweep attaches to it, cancel through it stops it (the first sweep
+    # sees that), and a retry through the second resumes it in the first one's directory
+    def held(sweep: str, mode: str) -> RunPlan:
+        return dataclasses.replace(make_plan(cluster, sweep, "held", steps=2, mode=mode), id="held-cell")
 
+    held_home = cluster["runs"] / "m1" / "held"
+    run_sweep([held("m1", "hang")], "m1", db, runs_dir=cluster["runs"], detach=True)
+    end = time.monotonic() + 120
+    while not (held_home / "argv.json").exists():
+        assert time.monotonic() < end, "the held run never started"
+        time.sleep(0.2)
+    submitted = ray_submissions(cluster)
+    attached = run_sweep([held("m2", "hang")], "m2", db, runs_dir=cluster["runs"], detach=True)
+    assert attached.counts["running"] + attached.counts["submitted"] == 1 and ray_submissions(cluster) == submitted
+    stopped = runner.invoke(app, ["cancel", "m2", *common])
+    assert stopped.exit_code == 0 and "held" in stopped.output, stopped.output
+    listed = runner.invoke(app, ["runs", "--sweep", "m1", "--format", "json", "--db", db])
+    assert {r["id"]: r["status"] for r in json.loads(listed.output)}["held-cell"] == "stopped"
+    client, end = connect(runs_dir=cluster["runs"]), time.monotonic() + 60
+    while not client.get_job_status("held-cell").is_terminal():  # Ray stops a job in its own time
+        assert time.monotonic() < end, "Ray never stopped the held run's job"
+        time.sleep(0.2)
+    (held_home / "argv.json").unlink()
+    again = run_sweep([held("m2", "ok")], "m2", db, runs_dir=cluster["runs"], retry_failed=True, poll_s=0.3)
+    assert again.counts["succeeded"] == 1 and (held_home / "argv.json").exists(), again
+    assert not (cluster["runs"] / "m2" / "held").exists() and not (cluster["runs"] / "m2" / "shared").exists()
+    store = open_store(db)
+    try:
+        assert (store.run("held-cell").sweep, store.run("held-cell").attempts) == ("m1", 2)
+    finally:
+        store.close()
 
 def _plan_targets(ref: str, db: str) -> list:
     """The runs and checkpoints `rpg eval REF` would evaluate (a benchmark file is not needed for that)."""
