@@ -322,6 +322,14 @@ def test_evals_and_samples_upsert_on_their_keys(store, tmp_path):
             ("pass@32", 0.6, "2"),
         ]
         assert con.execute("SELECT extracted, correct FROM samples").fetchall() == [("18", 1)]
+    store.record_evals([{**key, "n": 8, "value": 0.1, "scorer_version": "2"}])  # another protocol: its own row
+    with pytest.raises(ValueError, match="without its sampling protocol \\(top_p, seed\\)"):
+        store.record_evals([{**key, "top_p": None, "seed": None, "value": 0.9, "scorer_version": "2"}])
+    with pytest.raises(ValueError, match="without its sampling protocol \\(n\\)"):
+        store.record_samples([{k: v for k, v in sample.items() if k != "n"} | {"correct": True}])
+    with sqlite3.connect(store.engine.url.database) as con:
+        assert sorted(con.execute("SELECT n, metric, value FROM evals").fetchall()) == [
+            (8, "mean@32", 0.1), (32, "mean@32", 0.3), (32, "pass@32", 0.6)]  # nothing overwritten
 
 
 # ---------------------------------------------------------------------------------- run_states
