@@ -182,7 +182,8 @@ def test_appendix_benchmarks_and_the_papers_training_file_from_local_copies(tmp_
     from rpg_cli.evaluation.plan import benchmark_files, load_benchmark
 
     assert {"minerva_math", "olympiadbench"} <= set(benchmark_files()) and "dapo-math-17k" not in benchmark_files()
-    assert len(load_benchmark("olympiadbench", tmp_path / "data").problems) == 2
+    (olympiad_bench,) = load_benchmark("olympiadbench", tmp_path / "data")  # one per data_source
+    assert (olympiad_bench.name, len(olympiad_bench.problems)) == ("olympiadbench", 2)
 
 
 def test_prepared_file_prepares_to_itself(three_formats, tmp_path):
