@@ -30,10 +30,31 @@ def snapshot(root: Path) -> dict[str, tuple[int, int]]:
     return {str(p.relative_to(root)): (p.stat().st_size, p.stat().st_mtime_ns) for p in root.rglob("*")}
 
 
+def write_inputs(root: Path, sweep_file: Path) -> None:
+    """What the runs of a sweep read, under `root`: its data files (one verl row each) and its local
+    model directories (a config.json); hub models are left to the Hugging Face cache."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from rpg_cli.datasets import VERL_SCHEMA, verl_row
+    from rpg_cli.spec import load_sweep
+
+    for spec in load_sweep(sweep_file).expand():
+        for name in (*spec.data.train_files, *spec.data.val_files):
+            (root / name).parent.mkdir(parents=True, exist_ok=True)
+            pq.write_table(pa.Table.from_pylist([verl_row("1+1?", "2", "toy", 0)], schema=VERL_SCHEMA), root / name)
+        if spec.model.count("/") != 1:  # a local directory
+            (root / spec.model).mkdir(parents=True, exist_ok=True)
+            (root / spec.model / "config.json").write_text('{"max_position_embeddings": 32}')
+
+
 @pytest.fixture
 def workdir(tmp_path: Path) -> Path:
-    """A directory holding copies of the shipped sweeps, used as the working directory."""
+    """A directory holding copies of the shipped sweeps and the files their runs read, used as the
+    working directory."""
     shutil.copytree(EXPERIMENTS, tmp_path / "experiments")
+    for sweep_file in (tmp_path / "experiments").glob("*.yaml"):
+        write_inputs(tmp_path, sweep_file)
     return tmp_path
 
 
@@ -74,9 +95,10 @@ def test_dry_run_json_shape_for_the_qwen3_grid(workdir):
         assert f"trainer.default_local_dir={run_dir / 'checkpoints'}" in ep  # the run's own directory
 
 
-def test_json_spec_is_the_canonical_spec(workdir):
+def test_json_spec_is_the_canonical_spec(workdir, monkeypatch):
     from rpg_cli.spec import ExperimentSpec
 
+    monkeypatch.chdir(workdir)
     result = CliRunner().invoke(app, ["sweep", str(workdir / "experiments/paper-qwen3-4b.yaml"), "--dry-run",
                                       "--format", "json", "--backend", "local"])
     assert result.exit_code == 0, result.output
@@ -106,10 +128,13 @@ def test_missing_spec_and_bad_format_are_usage_errors(tmp_path):
     assert result.exit_code == 2 and "allowed: table, json" in result.output + result.stderr
 
 
-def test_states_come_from_the_store_when_the_database_exists(tmp_path):
+def test_states_come_from_the_store_when_the_database_exists(tmp_path, monkeypatch):
     from rpg_cli.orchestration.plan import plan_sweep
     from rpg_cli.spec import load_sweep
     from rpg_cli.store import open_store
+
+    write_inputs(tmp_path, EXPERIMENTS / "smoke.yaml")
+    monkeypatch.chdir(tmp_path)
 
     plans = plan_sweep(load_sweep(EXPERIMENTS / "smoke.yaml"), tmp_path / "runs")
     recorded = {plans[0].id: "succeeded", plans[1].id: "failed", plans[2].id: "running"}

@@ -192,7 +192,7 @@ def test_schedule_free_steps_in_train_mode_and_exposes_the_averaged_weights():
 
 
 def test_plugin_registers_every_loss_in_a_fresh_interpreter():
-    launch.preflight()  # the submit-time check the orchestrator runs: raises with a one-line reason
+    launch.check_install()  # the submit-time check the orchestrator runs: raises with a one-line reason
 
 
 def test_plugin_check_fails_with_a_readable_reason_when_verl_cannot_load_it(tmp_path):
