@@ -62,7 +62,7 @@ _STATUS_STYLE = {"pending": "dim", "submitted": "cyan", "running": "blue", "succ
 
 @_command("prepare-data")
 def prepare_data(
-    sources: list[str] = typer.Argument(None, metavar="SOURCE", show_default=False, help="Presets dapo-math-17k, aime24, aime25, amc23 (default: all four); PRESET=FILE or PRESET=hf:OWNER/NAME:CONFIG@SPLIT reads another copy."),
+    sources: list[str] = typer.Argument(None, metavar="SOURCE", show_default=False, help="Presets dapo-math-17k, aime24, aime25, amc23 (the default), minerva_math, olympiadbench; PRESET=FILE or PRESET=hf:OWNER/NAME:CONFIG@SPLIT reads another copy."),
     out: str = typer.Option("data", "--out", "-o", metavar="DIR", help="Directory for the parquet files."),
     from_origin: str = typer.Option(None, "--from", metavar="FILE|hf:ID", help="Read the one preset named from this local file or hub dataset (same as PRESET=FILE)."),
     input_file: str = typer.Option(None, "--input", "-i", metavar="FILE", help="Any local file of problems (.jsonl, .json, .csv, .tsv, .parquet), written as NAME.parquet."),
@@ -70,37 +70,39 @@ def prepare_data(
     data_source: str = typer.Option(None, "--data-source", metavar="NAME", help="data_source of the --input rows (default: NAME); it picks verl's reward function and names the metrics."),
     question_field: str = typer.Option(None, "--question-field", metavar="FIELD", help="Field holding the problem (default: auto-detect); dotted paths reach into structs, as in extra_info.raw_problem"),
     answer_field: str = typer.Option(None, "--answer-field", metavar="FIELD", help="Field holding the final answer (default: auto-detect), as in reward_model.ground_truth"),
-    repeat: int = typer.Option(None, "--repeat", "-k", min=1, metavar="K", help="Copies of each evaluation problem, for accuracy@K (default: 32 for the AIME/AMC presets, 1 for --input). The training set is never repeated."),
     english_only: bool = typer.Option(None, "--english-only/--any-language", show_default=False, metavar="", help="Drop problems written mostly in non-Latin scripts (default: on for dapo-math-17k only)."),
     dedup: bool = typer.Option(True, "--dedup/--no-dedup", metavar="", help="Drop repeated problems (equal up to case, whitespace and Unicode form)."),
     strict: bool = typer.Option(False, "--strict", metavar="", help="Stop on any malformed row (empty question, missing answer) and write nothing, instead of skipping it."),
     toy: bool = typer.Option(False, "--toy", metavar="", help="Instead, write the local backend's toy task and tiny model (no download) to OUT/toy: model/, train.parquet, val.parquet."),
 ) -> None:
-    """Write verl-format parquet for training (DAPO-Math-17k) and evaluation (AIME24/25, AMC23).
+    """Write verl-format parquet for training (DAPO-Math-17k) and evaluation (AIME24/25, AMC23, ...).
 
     Each problem becomes one row with the paper's prompt (DAPO's "Answer:" template), its ground
-    truth and data_source; evaluation problems are repeated K times for accuracy@K (extra_info.index
-    = copy number). A table shows, per source, the rows read, dropped (and why) and written.
-    Everything is read before anything is written; files are replaced atomically.
+    truth and data_source; the k samples of accuracy@k come from the sampler (a run's val.n, rpg eval
+    --k), not from copies. A table shows, per source, the rows read, dropped (and why) and the problems
+    written. Everything is read before anything is written; files are replaced atomically.
 
-    Sources: dapo-math-17k (BytedTsinghua-SIA/DAPO-Math-17k, English only, deduplicated, data_source
-    math_dapo), aime24 (HuggingFaceH4/aime_2024, math_dapo), aime25 (math-ai/aime25, aime2025),
-    amc23 (math-ai/amc23, amc_23). Fields of local files are auto-detected (problem, question,
-    prompt, ... / answer, reward_model.ground_truth, ...); verl files are unwrapped to raw problems.
+    Sources: dapo-math-17k (math-dataset/DAPO-17k-Eng, the paper's English DAPO-Math-17k,
+    deduplicated, data_source math_dapo), aime24 (HuggingFaceH4/aime_2024, math_dapo), aime25
+    (math-ai/aime25, aime2025), amc23 (math-ai/amc23, amc_23), minerva_math (math-ai/minervamath,
+    minerva_math), olympiadbench (math-ai/olympiadbench, olympiadbench). Fields of local files are
+    auto-detected (problem, question, prompt, ... / answer, reward_model.ground_truth, ...); verl files
+    are unwrapped to raw problems.
 
     Examples:
 
-      # all four presets from the Hub into data/
+      # the training set and the three evaluation sets from the Hub into data/
       rpg prepare-data
 
-      # the evaluation sets only, for Mean@16
-      rpg prepare-data aime24 aime25 amc23 --repeat 16
+      # the evaluation sets only; the appendix benchmarks (Table 7)
+      rpg prepare-data aime24 aime25 amc23
+      rpg prepare-data minerva_math olympiadbench
 
       # local copies (offline machines), another hub copy, any file of problems
       rpg prepare-data aime24=aime24.jsonl
-      rpg prepare-data dapo-math-17k --from dapo-math-17k.parquet
-      rpg prepare-data dapo-math-17k=hf:open-r1/DAPO-Math-17k-Processed:en
-      rpg prepare-data --input mine.csv --question-field q --answer-field a -k 8
+      rpg prepare-data dapo-math-17k --from dapo-math-17k-eng.parquet
+      rpg prepare-data dapo-math-17k=hf:BytedTsinghua-SIA/DAPO-Math-17k@train
+      rpg prepare-data --input mine.csv --question-field q --answer-field a
 
       # the local backend's toy task and tiny model in data/toy/
       rpg prepare-data --toy
@@ -118,8 +120,8 @@ def prepare_data(
 
     from rpg_cli.datasets import PrepareError, SourceError, SourceOptions, prepare, resolve_sources
 
-    options = SourceOptions(question_field=question_field, answer_field=answer_field, repeat=repeat,
-                            english_only=english_only, dedup=dedup)
+    options = SourceOptions(question_field=question_field, answer_field=answer_field, english_only=english_only,
+                            dedup=dedup)
     try:
         specs = resolve_sources(sources or [], out_dir=Path(out), options=options, from_origin=from_origin,
                                 input_file=Path(input_file) if input_file else None, name=name,
@@ -149,13 +151,12 @@ def _print_prepare_summary(reports: list) -> None:
     from rich.table import Table
 
     table = Table(title="prepare-data")
-    for column in ("source", "from", "read", "dropped", "problems", "copies", "rows written", "file"):
-        table.add_column(column, justify="right" if column in ("read", "problems", "copies", "rows written") else "left")
+    for column in ("source", "from", "read", "dropped", "problems", "file"):
+        table.add_column(column, justify="right" if column in ("read", "problems") else "left")
     for r in reports:
         dropped = "\n".join(f"{n:,} {reason}" for reason, n in r.dropped.items()) or "-"
         origin = f"{r.origin}\nfields: {r.question_field}, {r.answer_field}"
-        table.add_row(r.name, origin, f"{r.read:,}", dropped, f"{r.problems:,}", f"x{r.repeat}",
-                      f"{r.written:,}", str(r.output))
+        table.add_row(r.name, origin, f"{r.read:,}", dropped, f"{r.problems:,}", str(r.output))
     Console(width=None if sys.stdout.isatty() else 200).print(table, highlight=False)
 
 
@@ -214,7 +215,10 @@ def sweep(
     if output_format == "json":
         import json
 
-        rows = [{"id": p.id, "name": p.name, "spec": p.spec, "state": states[p.id], "entrypoint": p.entrypoint} for p in plans]
+        from rpg_cli.spec import validation_cost
+
+        rows = [{"id": p.id, "name": p.name, "spec": p.spec, "state": states[p.id], "entrypoint": p.entrypoint,
+                 "validation": (cost := validation_cost(p.spec)) and cost.as_dict()} for p in plans]
         typer.echo(json.dumps(rows, indent=2))
     else:
         _print_sweep_plan(plans, states, retry_failed)
@@ -236,7 +240,7 @@ def _print_checks(plans: list, states: dict[str, str], retry_failed: bool) -> bo
 def _print_sweep_plan(plans: list, states: dict[str, str], retry_failed: bool) -> None:
     from rich.table import Table
 
-    from rpg_cli.orchestration.plan import summarize
+    from rpg_cli.orchestration.plan import summarize, validation_costs
 
     table = Table(title=f"sweep {plans[0].sweep}" if plans else "sweep", show_lines=False)
     for column in ("name", "id", "algorithm", "kl", "clip", "optimizer", "context", "seed", "state"):
@@ -256,6 +260,11 @@ def _print_sweep_plan(plans: list, states: dict[str, str], retry_failed: bool) -
         + ". Dry run: nothing was written.",
         highlight=False,
     )
+    for runs, problems, n, count, every in validation_costs(plans):
+        per = (f"{problems:,} problems x {n} samples = {problems * n:,} generations" if problems is not None
+               else f"{n} samples per problem (problems not counted: the files are not readable here)")
+        console.print(f"validation ({runs} runs): {per} per validation, {count} per run (before training, every "
+                      f"{every} steps and at the last)", highlight=False)
 
 
 @_command("eval")
@@ -358,7 +367,7 @@ def report(
     output_format: str = typer.Option(None, "--format", metavar="FORMAT", help="Table format: table, markdown, latex, csv or json (default: from --output's suffix .md/.tex/.csv/.json, else a terminal table)."),
     output: str = typer.Option(None, "--output", "-o", metavar="FILE|DIR", help="--table: write to FILE instead of printing. --plot: directory of the figures (default runs/plots)."),
     compare_paper: bool = typer.Option(False, "--compare-paper", metavar="", help="Put the paper's published numbers and the difference beside each reproduced one."),
-    metrics: str = typer.Option(None, "--metrics", metavar="M[,M]", help="--plot panels: reward, entropy, response_length, kl, val (one per benchmark), or any logged key. Default: those of the five that were logged."),
+    metrics: str = typer.Option(None, "--metrics", metavar="M[,M]", help="--plot panels: reward, entropy, response_length, kl, reference_kl, reference_age, val (one per benchmark), or any logged key. Default: those of these that were logged."),
     smooth: int = typer.Option(1, "--smooth", min=1, metavar="N", help="--plot: moving average over N logged steps."),
     db: str = typer.Option(None, "--db", metavar="URL", help=_DB_HELP),
     address: str = typer.Option(None, "--address", metavar="ADDRESS", help=_ADDRESS_HELP),
@@ -754,6 +763,56 @@ def _watch_sweep(
         typer.echo(f"submitted; follow with `rpg runs --sweep {sweep_name}` or `rpg logs RUN --follow`")
     elif any(r.status in ("failed", "stopped") for r in final.runs):
         raise typer.Exit(1)
+
+
+@_command("export")
+def export_command(
+    to: str = typer.Option(..., "--to", metavar="wandb|tensorboard|mlflow", help="The tracker to push to."),
+    sweep_name: str = typer.Option(None, "--sweep", metavar="NAME", help="Only this sweep's runs (default: every run in the store)."),
+    db: str = typer.Option(None, "--db", metavar="URL", help=_DB_HELP),
+    project: str = typer.Option(None, "--project", help="W&B project / MLflow experiment (default: the run's trackers.project, else rpg)."),
+    directory: str = typer.Option(None, "--dir", metavar="DIR", help="TensorBoard log root (default: runs/tensorboard); W&B writes its files under DIR/wandb/ (default: runs/wandb/)."),
+    tracking_uri: str = typer.Option(None, "--tracking-uri", metavar="URI", help="MLflow tracking URI (default: $MLFLOW_TRACKING_URI, else sqlite:///runs/mlflow.db). Credentials go in MLFLOW_TRACKING_USERNAME/PASSWORD or _TOKEN."),
+    entity: str = typer.Option(None, "--entity", help="W&B entity (default: $WANDB_ENTITY, else your default entity)."),
+    offline: bool = typer.Option(False, "--offline", help="W&B offline: write run files to upload later with `wandb sync`."),
+) -> None:
+    """Push what the results store holds to W&B, TensorBoard or MLflow, for runs not tracked live.
+
+    Metrics go at their steps, evals at their checkpoints' steps, the spec as config. Runs are grouped
+    by cell (seeds band together) and tagged with the sweep and its varying fields, as live runs are.
+    Exporting again adds only what is new: no duplicate runs or steps.
+
+    Examples:
+
+      # the smoke sweep as TensorBoard event files under runs/tensorboard/
+      rpg export --to tensorboard --sweep smoke
+
+      # every run to W&B, offline (upload later with `wandb sync`)
+      rpg export --to wandb --offline
+
+      # a team's MLflow server
+      rpg export --to mlflow --tracking-uri http://mlflow.internal:5000
+    """
+    from pathlib import Path
+
+    from rpg_cli.store import DEFAULT_DB_URL, StoreError, open_store
+    from rpg_cli.trackers import TrackerError
+    from rpg_cli.trackers.export import ExportOptions, export
+
+    options = ExportOptions(project=project, directory=Path(directory) if directory else None,
+                            tracking_uri=tracking_uri, entity=entity, offline=offline)
+    try:
+        store = open_store(db or DEFAULT_DB_URL, create=False)
+    except StoreError as e:
+        _fail("export", e)
+    try:
+        done = export(store, to, sweep_name, options,
+                      on_run=lambda r: typer.echo(f"{r.sweep}/{r.name}: {r.steps} steps -> {r.where}"))
+    except (TrackerError, StoreError) as e:
+        _fail("export", e)
+    finally:
+        store.close()
+    typer.echo(f"exported {sum(r.steps > 0 for r in done)} of {len(done)} run(s) to {to}")
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -2,8 +2,11 @@
 
 A sweep YAML holds `name`, `base` (spec fields shared by every cell), `grid` (field -> list of values),
 `include`/`exclude` (GitHub-Actions-matrix semantics) and `seeds`. Expansion merges base and cell,
-collapses fields that do not apply to a cell (the KL variant of `grpo`, clip sub-fields of an unclipped
-run), validates every cell and drops cells that turn out identical (same run id).
+collapses fields that do not apply to a cell when they come from `base` or a `grid` axis (the KL variant
+of `grpo`, clip sub-fields of an unclipped run), validates every cell and drops cells that turn out
+identical (same run id). A value written in a cell's own `include` entry (or in a single-run spec) is
+explicit: where it has no effect it is an error, never silently dropped. So is a key given twice in a
+YAML mapping.
 
 Every invalid input raises `SpecError`, whose one-line message names the file, the field path and what
 is allowed. Only pydantic and PyYAML are imported here (omegaconf only for files with `${...}`), so
@@ -13,15 +16,17 @@ is allowed. Only pydantic and PyYAML are imported here (omegaconf only for files
 from __future__ import annotations
 
 import copy
+import functools
 import hashlib
 import itertools
 import json
 import re
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any, Literal, Union
 
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, PrivateAttr, TypeAdapter, ValidationError
-from pydantic import model_validator
+from pydantic import field_validator, model_serializer, model_validator
 
 if TYPE_CHECKING:
     from pydantic.fields import FieldInfo
@@ -33,12 +38,17 @@ Optimizer = Literal["adamw", "schedule_free"]
 LossAggMode = Literal["token-mean", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm"]
 
 RPG_ALGORITHMS = ("rpg", "rpg_reinforce")
+DAPO_TRICKS = ("dynamic_sampling", "overlong")  # DAPO's, allowed on every algorithm
 KL_VARIANTS = ("fkl", "rkl", "ufkl", "urkl")
 
-# context -> (max_prompt_length, max_response_length). Read as the response budget, the way verl's DAPO
-# recipe (which the released RPG scripts extend) names its lengths; prompts (DAPO-Math-17k, AIME, AMC in
-# the "Answer:" template) fit in 1024 tokens. The only place these numbers live.
-CONTEXT_LENGTHS: dict[str, tuple[int, int]] = {"2k": (1024, 2048), "4k": (1024, 4096), "8k": (1024, 8192)}
+# context "Nk" -> (max_prompt_length, max_response_length) = (N x 1024, N x 1024): the paper's "maximum
+# training and rollout length 4,096 tokens for a 2K context length and 8,192 for a 4K", the released
+# scripts' 2048 + 2048. The only place these numbers live.
+CONTEXT_LENGTHS: dict[str, tuple[int, int]] = {"2k": (2048, 2048), "4k": (4096, 4096), "8k": (8192, 8192)}
+# KL-loss estimators of the PPO-family runs (MATH.md section 4); verl's names: kl, mse, low_var_kl.
+KLLossEstimator = Literal["k1", "k2", "k3"]
+# algorithms whose loss is PPO's without a KL term of its own, so that a KL loss can be added
+KL_LOSS_ALGORITHMS = ("reinforce_pp", "reinforce_pp_baseline")
 
 
 class SpecError(Exception):
@@ -79,8 +89,42 @@ class Clip(_Frozen):
     clipped_weight_in_sg: bool = False  # Remark F.2: the clipped weight inside stop-gradient
 
 
+DEFAULT_KL_EMA = 0.1  # rpg's choice (the paper gives none): the average forgets over about 10 steps
+
+
 class Every(_Frozen):
-    every: int = Field(ge=1)  # reset pi_ref to pi_old every K steps
+    """A reference that is reset to the current policy (pi_ref <- pi_theta) now and then: every K steps,
+    when an exponential moving average of the KL to it exceeds kl_target, or whichever comes first.
+    `ReferenceTracker` defines exactly when (the same in both backends)."""
+
+    every: int | None = Field(None, ge=1)  # reset after K steps with the same reference
+    kl_target: float | None = Field(None, gt=0)  # reset once the KL average exceeds this (kappa)
+    ema: float | None = Field(None, gt=0, le=1)  # weight of the newest step's KL in the average (alpha)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _ema_default(cls, data: Any) -> Any:
+        # a KL target always carries its average's weight, so the canonical spec (and run id) spells it out
+        if isinstance(data, dict) and data.get("kl_target") is not None and data.get("ema") is None:
+            data = {**data, "ema": DEFAULT_KL_EMA}
+        return data
+
+    @model_validator(mode="after")
+    def _one_trigger(self) -> Every:
+        if self.every is None and self.kl_target is None:
+            raise ValueError(f"got {self._given()}; allowed: {REFERENCE_FORMS}")
+        if self.ema is not None and self.kl_target is None:
+            raise ValueError(f"got {self._given()}: ema is the KL average's weight; allowed: ema with kl_target")
+        return self
+
+    @model_serializer(mode="wrap")
+    def _drop_unset(self, handler: Any) -> dict[str, Any]:
+        # {every: K} stays {"every": K} in spec.json, so run ids of existing every-K runs do not change
+        return {k: v for k, v in handler(self).items() if v is not None}
+
+    def _given(self) -> dict[str, Any]:
+        return {k: v for k, v in (("every", self.every), ("kl_target", self.kl_target), ("ema", self.ema))
+                if v is not None}
 
 
 class Data(_Frozen):
@@ -89,10 +133,12 @@ class Data(_Frozen):
 
 
 class Val(_Frozen):
-    n: int = Field(32, ge=1)  # k of accuracy@k
-    every: int = Field(5, ge=1)  # test_freq, in steps
+    """Validation: val.n samples per problem (evaluation files hold one row per problem), every `every` steps."""
+
+    n: int = Field(32, ge=1)  # k of accuracy@k: the paper's Mean@32
+    every: int = Field(10, ge=1)  # test_freq, in steps (the scripts)
     temperature: float = Field(1.0, ge=0)
-    top_p: float = Field(0.7, gt=0, le=1)
+    top_p: float = Field(1.0, gt=0, le=1)  # the scripts
 
 
 class Rollout(_Frozen):
@@ -101,17 +147,88 @@ class Rollout(_Frozen):
     engine: Literal["vllm", "hf"] = "vllm"
 
 
-class Dapo(_Frozen):
-    dynamic_sampling: bool = True
-    max_num_gen_batches: int = Field(10, ge=0)  # 0 = keep sampling until the batch is full
-    overlong_buffer: int | None = Field(512, ge=1)
-    overlong_penalty_factor: float = Field(1.0, ge=0)
+class DynamicSampling(_Frozen):
+    """DAPO's dynamic sampling, on any algorithm: drop prompt groups whose accuracy (`acc`, before any
+    length penalty) is the same for every response, keep groups of one, sample more until the batch is full."""
+
+    gen_batches: int = Field(3, ge=1)  # prompts sampled per round, in train_batch_size units (scripts: 3 x 512)
+    max_num_gen_batches: int = Field(20, ge=0)  # rounds per step at most; 0 = until the batch is full
+
+
+class Overlong(_Frozen):
+    """DAPO's overlong reward shaping, on any algorithm: min(-(L - (Lmax - buffer)) / buffer, 0) * factor."""
+
+    buffer: int = Field(512, ge=1)  # tokens before the response budget where the penalty starts
+    penalty_factor: float = Field(1.0, ge=0)
+
+
+class KLLoss(_Frozen):
+    """A KL loss toward the run's reference, added to the policy loss (MATH.md section 4): REINFORCE++ as the
+    released scripts ran it (k1, 1e-4, toward the iterative reference pi_old)."""
+
+    estimator: KLLossEstimator
+    coef: float = Field(gt=0)
 
 
 class Resources(_Frozen):
     nodes: int = Field(1, ge=1)
     gpus_per_node: int = Field(ge=0)
     cpus: float = Field(gt=0)
+
+
+TRACKER_NAMES = ("wandb", "tensorboard", "mlflow")
+
+
+class WandbTracker(_Frozen):
+    entity: str | None = None  # default: WANDB_ENTITY where the run runs, else the account's default
+    mode: Literal["online", "offline"] | None = None  # default: WANDB_MODE where the run runs, else online
+
+
+class TensorBoardTracker(_Frozen):
+    dir: str | None = None  # log root, a run at <dir>/<sweep>/<run name>; default: <runs dir>/tensorboard
+
+
+class MlflowTracker(_Frozen):
+    # default: MLFLOW_TRACKING_URI where the run runs, else sqlite:///<runs dir>/mlflow.db
+    tracking_uri: str | None = None
+
+    @field_validator("tracking_uri")
+    @classmethod
+    def _no_credentials(cls, uri: str | None) -> str | None:
+        from urllib.parse import urlsplit
+
+        if uri and "://" in uri and (urlsplit(uri).password or urlsplit(uri).username):
+            raise ValueError("credentials in the URI would be written to spec.json and the store; allowed: a URI "
+                             "without user:password@ (set MLFLOW_TRACKING_USERNAME/PASSWORD or MLFLOW_TRACKING_TOKEN "
+                             "where the run runs)")
+        return uri
+
+
+def _trackers_form(value: Any) -> Any:
+    # `trackers: [wandb, mlflow]` (or one name) is every named tracker with its defaults; `wandb: true` likewise
+    if isinstance(value, str):
+        value = [value]
+    if isinstance(value, list) and all(isinstance(v, str) for v in value):
+        if unknown := [v for v in value if v not in TRACKER_NAMES]:
+            raise ValueError(f"got {unknown[0]!r}; allowed: {', '.join(TRACKER_NAMES)}")
+        value = dict.fromkeys(value, {})
+    if isinstance(value, dict):
+        value = {k: ({} if v is True else None if v is False else v) for k, v in value.items()}
+    return value
+
+
+class Trackers(_Frozen):
+    """Where a run's metrics are reported (W&B, TensorBoard, MLflow): never what it computes, so not in its id."""
+
+    project: str = Field("rpg", min_length=1)  # W&B project, MLflow experiment (verl: trainer.project_name)
+    group: str | None = None  # default: the run's cell (its spec less the seed), so seeds band together
+    tags: list[str] = Field(default_factory=list)  # besides the sweep and the values of its varying axes
+    wandb: WandbTracker | None = None
+    tensorboard: TensorBoardTracker | None = None
+    mlflow: MlflowTracker | None = None
+
+
+TrackersSetting = Annotated[Union[Trackers, None], BeforeValidator(_trackers_form)]
 
 
 def _clip_off(value: Any) -> Any:
@@ -121,21 +238,91 @@ def _clip_off(value: Any) -> Any:
     return value
 
 
+REFERENCE_FORMS = "iterative, frozen, {every: K}, {kl_target: kappa, ema: alpha}, or both every and kl_target"
+
+
 def _reference_form(value: Any) -> Any:
-    allowed = "allowed: iterative, frozen, or {every: K} with K >= 1"
-    if isinstance(value, str) and value not in ("iterative", "frozen"):
-        raise ValueError(f"got {value!r}; {allowed}")
-    if isinstance(value, dict):
-        k = value.get("every")
-        if set(value) != {"every"} or not isinstance(k, int) or isinstance(k, bool) or k < 1:
-            raise ValueError(f"got {value!r}; {allowed}")
-    elif not isinstance(value, (str, Every)):
-        raise ValueError(f"got {value!r}; {allowed}")
+    # a mapping goes on to `Every`, whose errors name the sub-field (reference.kl_target: ...)
+    if (isinstance(value, str) and value not in ("iterative", "frozen")) or not isinstance(value, (str, dict, Every)):
+        raise ValueError(f"got {value!r}; allowed: {REFERENCE_FORMS}")
     return value
 
 
+def _switch(value: Any) -> Any:
+    # `dynamic_sampling: true` turns a trick on with its defaults; false/off/none turns it off
+    if value is True:
+        return {}
+    return _clip_off(value)
+
+
 ClipSetting = Annotated[Union[Clip, None], BeforeValidator(_clip_off)]
-Reference = Annotated[Union[Literal["iterative", "frozen"], Every], BeforeValidator(_reference_form)]
+DynamicSamplingSetting = Annotated[Union[DynamicSampling, None], BeforeValidator(_switch)]
+OverlongSetting = Annotated[Union[Overlong, None], BeforeValidator(_switch)]
+# Every first: for a mapping, pydantic's first error is then Every's own, with the sub-field's path
+Reference = Annotated[Union[Every, Literal["iterative", "frozen"]], BeforeValidator(_reference_form)]
+
+
+class ReferenceTracker:
+    """When pi_ref is reset to the current policy, and the `ref/*` metrics: one schedule for both backends.
+
+    The paper's iterative reference (section 4; MATH.md section 1, "With a separate reference pi_ref"):
+    pi_ref <- pi_theta every K steps, or when a moving average of the token-level KL to pi_ref exceeds a
+    target kappa. Precisely, for training step t = 1, 2, ... (one rollout batch and its updates):
+
+    1. `begin_step(t)`, before step t's reference log-probs; True means: copy the current policy (the one
+       that sampled step t, so pi_ref = pi_old of step t) into the reference now. It is True when
+         - the reference is `iterative` and t > 1 (pi_ref = pi_old every step, i.e. `every: 1`),
+         - `every: K` and t - born >= K (the reference has served K steps: resets before steps 1+K, 1+2K, ...
+           unless a KL reset moved born),
+         - `kl_target: kappa` and ema > kappa (the average after step t-1's KL),
+       and a reset sets born = t, resets += 1, ema = 0 (the KL to a fresh reference is 0). Step 1's
+       reference is the initial model, which is pi_old at step 1: born = 1 without a reset. `frozen`
+       never resets.
+    2. `observe(kl)`: kl is step t's KL to its reference, `rpg_cli.algorithms.kl.reference_kl`: the
+       token-mean over the batch's response tokens of k3(pi_ref/pi_old), from the log-probs the step
+       trains on (an estimate of KL(pi_old || pi_ref); 0 for `iterative`, which has no separate
+       reference). ema <- (1 - alpha) * ema + alpha * kl, alpha = `ema` of the spec (DEFAULT_KL_EMA
+       where the spec sets no KL target: the average is then only reported).
+    3. `metrics(t)`: `ref/resets` (resets so far, step t's included), `ref/steps_since_reset` (t - born:
+       how many steps' updates pi_old is ahead of pi_ref), `ref/kl`, `ref/kl_ema` (after step t's kl).
+
+    `state_dict()` is what a checkpoint keeps so that a resumed run continues the same schedule.
+    """
+
+    def __init__(self, reference: str | Every):
+        self.reference = reference
+        every = reference if isinstance(reference, Every) else None
+        self.every = 1 if reference == "iterative" else (every.every if every else None)
+        self.kl_target = every.kl_target if every else None
+        self.alpha = every.ema if every is not None and every.ema is not None else DEFAULT_KL_EMA
+        self.resets, self.born, self.ema, self.kl = 0, 1, 0.0, 0.0
+
+    def begin_step(self, step: int) -> bool:
+        due = self.every is not None and step - self.born >= self.every
+        drifted = self.kl_target is not None and self.ema > self.kl_target
+        if not (due or drifted):
+            return False
+        self.resets, self.born, self.ema = self.resets + 1, step, 0.0
+        return True
+
+    def observe(self, kl: float) -> None:
+        self.kl = float(kl)
+        self.ema = (1 - self.alpha) * self.ema + self.alpha * self.kl
+
+    def metrics(self, step: int) -> dict[str, float]:
+        return {"ref/resets": float(self.resets), "ref/steps_since_reset": float(step - self.born),
+                "ref/kl": self.kl, "ref/kl_ema": self.ema}
+
+    def state_dict(self) -> dict[str, float]:
+        return {"resets": self.resets, "born": self.born, "ema": self.ema, "kl": self.kl}
+
+    def load_state_dict(self, state: dict[str, float]) -> None:
+        self.resets, self.born = int(state["resets"]), int(state["born"])
+        self.ema, self.kl = float(state["ema"]), float(state["kl"])
+
+
+# Where metrics are reported, not what a run computes: spec.json records these fields, the run id ignores them.
+NOT_IN_RUN_ID = ("trackers",)
 
 
 class ExperimentSpec(_Frozen):
@@ -144,6 +331,8 @@ class ExperimentSpec(_Frozen):
     algorithm: Algorithm
     kl: KLVariant = "none"
     kl_correction: bool = False  # grpo only: weight GRPO's k3 term by w (loss `grpo_corrected`)
+    kl_clamp: bool = True  # grpo only: its k3 as verl's low_var_kl (clamped), as the paper ran it; false: exact
+    kl_loss: KLLoss | None = None  # reinforce_pp(_baseline) only: a KL loss toward the reference
     beta: float = Field(ge=0)
     clip: ClipSetting
     optimizer: Optimizer
@@ -166,17 +355,19 @@ class ExperimentSpec(_Frozen):
     rollout: Rollout = Field(default_factory=Rollout)
     loss_agg_mode: LossAggMode = "token-mean"
     entropy_coeff: float = 0.0
-    dapo: Dapo | None = None
+    dynamic_sampling: DynamicSamplingSetting = None  # on by default for dapo
+    overlong: OverlongSetting = None  # on by default for dapo
     save_every: int = Field(ge=1)
     backend: Literal["verl", "local"]
     resources: Resources
+    trackers: TrackersSetting = None
 
     @model_validator(mode="before")
     @classmethod
     def _dapo_defaults(cls, data: Any) -> Any:
-        # dapo always carries its settings, so the canonical spec (and run id) spells them out
-        if isinstance(data, dict) and data.get("algorithm") == "dapo" and data.get("dapo") is None:
-            data = {**data, "dapo": {}}
+        # dapo has its tricks unless a spec turns them off; the canonical spec (and run id) spells them out
+        if isinstance(data, dict) and data.get("algorithm") == "dapo":
+            data = {**{trick: {} for trick in DAPO_TRICKS}, **data}
         return data
 
     @model_validator(mode="after")
@@ -192,6 +383,12 @@ class ExperimentSpec(_Frozen):
             )
         if self.kl_correction and alg != "grpo":
             raise SpecError(f"only grpo has a KL correction (got {alg}); allowed: false", "kl_correction")
+        if not self.kl_clamp and alg != "grpo":
+            raise SpecError(f"only grpo clamps its KL term (got {alg}); allowed: true", "kl_clamp")
+        if self.kl_loss is not None and alg not in KL_LOSS_ALGORITHMS:
+            why = "has its KL term in the loss already (beta)" if alg != "dapo" else "has no KL term"
+            raise SpecError(f"{alg} {why}; allowed: null (a KL loss is for {', '.join(KL_LOSS_ALGORITHMS)})",
+                            "kl_loss")
         if self.clip is not None and self.clip.clipped_weight_in_sg and alg != "rpg_reinforce":
             raise SpecError(f"the clipped weight inside stop-gradient (Remark F.2) is rpg_reinforce's (got {alg}); "
                             "allowed: false", "clip.clipped_weight_in_sg")
@@ -201,8 +398,9 @@ class ExperimentSpec(_Frozen):
             )
         if alg == "dapo" and self.beta != 0:
             raise SpecError(f"dapo has no KL term (got {self.beta!r}); allowed: 0", "beta")
-        if alg != "dapo" and self.dapo is not None:
-            raise SpecError(f"dapo settings do not apply to {alg}; allowed: null", "dapo")
+        if alg == "dapo" and self.reference != "iterative":
+            raise SpecError(f"dapo has no KL term, so no reference model (got {self.reference!r}); "
+                            "allowed: iterative (the default, which loads nothing)", "reference")
         if self.train_batch_size % self.ppo_mini_batch_size:
             raise SpecError(
                 f"{self.ppo_mini_batch_size} does not divide train_batch_size {self.train_batch_size}; "
@@ -254,12 +452,14 @@ class ExperimentSpec(_Frozen):
         }[self.algorithm]
 
     def canonical(self) -> dict[str, Any]:
-        """The JSON-ready spec, defaults included: what spec.json holds and the run id hashes."""
+        """The JSON-ready spec, defaults included: what spec.json holds (the run id hashes canonical_json)."""
         return self.model_dump(mode="json")
 
     def canonical_json(self) -> str:
+        """What the run id hashes: the canonical spec less NOT_IN_RUN_ID."""
+        identity = {k: v for k, v in self.canonical().items() if k not in NOT_IN_RUN_ID}
         # sorted keys, no whitespace; json renders floats with repr, so 1e-4 and 0.0001 agree
-        return json.dumps(self.canonical(), sort_keys=True, separators=(",", ":"), ensure_ascii=True)
+        return json.dumps(identity, sort_keys=True, separators=(",", ":"), ensure_ascii=True)
 
     @property
     def run_id(self) -> str:
@@ -290,6 +490,76 @@ def _label(spec: dict[str, Any]) -> str:
 
 def _num(x: Any) -> str:
     return f"{x:g}" if isinstance(x, (int, float)) and not isinstance(x, bool) else str(x)
+
+
+# ---------------------------------------------------------------------------------------------
+# What validation costs (the dry run states it before a GPU is paid for)
+
+# files above this size are not read at plan time (their problems stay uncounted)
+MAX_COUNTED_FILE_BYTES = 64 * 2**20
+
+
+@dataclass(frozen=True)
+class ProblemCount:
+    rows: int
+    problems: int  # distinct (prompt, ground truth) pairs: what `rpg eval` and the local backend sample
+
+
+@dataclass(frozen=True)
+class ValidationCost:
+    samples_per_problem: int  # val.n
+    validations: int  # per run: before training, every val.every steps, and at the last step
+    problems: int | None  # distinct problems over data.val_files; None when a file cannot be counted here
+
+    @property
+    def generations(self) -> int | None:
+        """Responses generated at each validation."""
+        return None if self.problems is None else self.problems * self.samples_per_problem
+
+    def as_dict(self) -> dict[str, int | None]:
+        return {"problems": self.problems, "samples_per_problem": self.samples_per_problem,
+                "generations_per_validation": self.generations, "validations_per_run": self.validations}
+
+
+def validation_cost(spec: ExperimentSpec | dict[str, Any]) -> ValidationCost | None:
+    """What one run's validation generates (None: the run does not validate); `spec` may be canonical JSON.
+    Problems are counted where the files are local and small; both backends sample val.n responses per
+    distinct problem (verl refuses a file that repeats problems, the local backend and `rpg eval` group
+    the copies)."""
+    if isinstance(spec, dict):
+        spec = ExperimentSpec.model_validate(spec)
+    if not spec.data.val_files:
+        return None
+    counts = [count_problems(f) for f in spec.data.val_files]
+    problems = None if any(c is None for c in counts) else sum(c.problems for c in counts)
+    validations = 1 + spec.steps // spec.val.every + (1 if spec.steps % spec.val.every else 0)
+    return ValidationCost(spec.val.n, validations, problems)
+
+
+def count_problems(path: str | Path) -> ProblemCount | None:
+    """Rows and distinct problems of a local verl-format parquet; None for a file that is not there, not
+    readable as one, or too big to read at plan time (pyarrow is imported only when there is a file)."""
+    p = Path(path)
+    try:
+        stat = p.stat()
+    except (OSError, ValueError):
+        return None
+    if "://" in str(path) or not p.is_file() or stat.st_size > MAX_COUNTED_FILE_BYTES:
+        return None
+    return _count_problems(str(p.resolve()), stat.st_mtime_ns, stat.st_size)
+
+
+@functools.lru_cache(maxsize=64)
+def _count_problems(path: str, mtime_ns: int, size: int) -> ProblemCount | None:
+    try:
+        import pyarrow.parquet as pq
+
+        table = pq.ParquetFile(path).read(columns=["prompt", "reward_model"])  # read_table would import pandas
+        keys = {json.dumps([row["prompt"], (row["reward_model"] or {}).get("ground_truth")], sort_keys=True)
+                for row in table.to_pylist()}
+    except Exception:  # not a verl parquet: the run's own checks say so; here it is just not counted
+        return None
+    return ProblemCount(table.num_rows, len(keys))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -352,36 +622,69 @@ def expand_sweep(sweep: SweepSpec, backend: str | None = None) -> list[Experimen
         raise SpecError("removes every grid combination and nothing is included; allowed: a sweep with runs",
                         "exclude", sweep.source)
     specs: dict[str, ExperimentSpec] = {}
-    for index, cell in enumerate(cells, start=1):
-        data = _collapse(_merge(sweep.base, cell))
+    for index, (cell, explicit) in enumerate(cells, start=1):
+        data, skipped = _merge(sweep.base, cell)
+        where = f"cell {index} ({_label(data)})"
+        for key in skipped:
+            if key in explicit:
+                raise SpecError(f"sets {key.partition('.')[2]} of a {key.partition('.')[0]} that is off in this "
+                                f"cell (set in {explicit[key][1]}); allowed: drop it, or turn "
+                                f"{key.partition('.')[0]} on", key, sweep.source, where)
+        data = _collapse(data, keep=lambda path: _written(explicit, path) is not None)
         if backend is not None:
             data["backend"] = backend
         try:
             spec = _validate(ExperimentSpec, data)
         except SpecError as e:
-            raise e.within(source=sweep.source, where=f"cell {index} ({_label(data)})") from None
+            origin = _written(explicit, e.path)
+            if origin is not None:
+                e = SpecError(f"{e.reason} (set in {origin})", e.path)
+            raise e.within(source=sweep.source, where=where) from None
         specs.setdefault(spec.run_id, spec)
     return list(specs.values())
 
 
-def _cells(sweep: SweepSpec) -> list[dict[str, Any]]:
+# (value, where it was written) of each field a cell's own include entry sets
+Explicit = dict[str, tuple[Any, str]]
+
+
+def _cells(sweep: SweepSpec) -> list[tuple[dict[str, Any], Explicit]]:
+    """Each cell's fields, and which of them its include entries wrote (explicit, never collapsed)."""
     axes = list(sweep.grid)
     combos = [dict(zip(axes, values)) for values in itertools.product(*sweep.grid.values())] if axes else []
     combos = [c for c in combos if not any(_matches(c, entry) for entry in sweep.exclude)]
-    cells = [dict(c) for c in combos]
-    for entry in sweep.include:
+    cells: list[tuple[dict[str, Any], Explicit]] = [(dict(c), {}) for c in combos]
+    for i, entry in enumerate(sweep.include):
         fitted = False
-        for original, cell in zip(combos, cells):
+        for original, (cell, explicit) in zip(combos, cells):
             if all(_same(original[k], v) for k, v in entry.items() if k in original):
-                cell.update({k: v for k, v in entry.items() if k not in original})
+                added = {k: v for k, v in entry.items() if k not in original}
+                cell.update(added)
+                explicit.update({k: (v, f"include[{i}].{k}") for k, v in added.items()})
                 fitted = True
-        if not fitted:
-            cells.append(dict(entry))  # a combination of its own; later includes do not extend it
+        if not fitted:  # a combination of its own; later includes do not extend it
+            cells.append((dict(entry), {k: (v, f"include[{i}].{k}") for k, v in entry.items()}))
     if not axes and not sweep.include:
-        cells = [{}]  # no grid at all: the base is the one cell
+        cells = [({}, {})]  # no grid at all: the base is the one cell
     if sweep.seeds is not None:
-        cells = [{**cell, "seed": seed} for cell in cells for seed in sweep.seeds]
+        cells = [({**cell, "seed": seed}, explicit) for cell, explicit in cells for seed in sweep.seeds]
     return cells
+
+
+def _written(explicit: Explicit, path: str) -> str | None:
+    """Where a cell's include entry wrote the (dotted) field `path`, or None when it did not."""
+    for key, (value, where) in explicit.items():
+        if path == key or key.startswith(path + "."):
+            return where
+        if path.startswith(key + "."):
+            rest = path[len(key) + 1:].split(".")
+            for part in rest:
+                if not isinstance(value, dict) or part not in value:
+                    break
+                value = value[part]
+            else:
+                return ".".join([where, *rest])
+    return None
 
 
 def _matches(combo: dict[str, Any], entry: dict[str, Any]) -> bool:
@@ -396,22 +699,25 @@ def _same(have: Any, want: Any) -> bool:
     return have == want
 
 
-def _merge(base: dict[str, Any], cell: dict[str, Any]) -> dict[str, Any]:
+def _merge(base: dict[str, Any], cell: dict[str, Any]) -> tuple[dict[str, Any], list[str]]:
     """Base overlaid with a cell: mappings merge key by key, other values replace. Dotted keys
-    (`clip.c`) set one nested field and are applied last; on a field that is off they do not apply."""
+    (`clip.c`) set one nested field and are applied last; on a field that is off they do not apply
+    (the dotted keys skipped so are returned)."""
     out = copy.deepcopy(base)
+    skipped = []
     for key, value in sorted(cell.items(), key=lambda kv: "." in kv[0]):
         *parents, leaf = key.split(".")
         target = out
         for p in parents:
-            if p in target and target[p] is None:
-                break  # e.g. `clip.c` on an unclipped run: the axis collapses
+            if p in target and _clip_off(target[p]) is None:
+                skipped.append(key)  # e.g. `clip.c` on an unclipped run (clip: off): the axis collapses
+                break
             target = target.setdefault(p, {})
             if not isinstance(target, dict):
                 break
         else:
             target[leaf] = _overlay(target.get(leaf), value)
-    return out
+    return out, skipped
 
 
 def _overlay(old: Any, new: Any) -> Any:
@@ -420,20 +726,30 @@ def _overlay(old: Any, new: Any) -> Any:
     return copy.deepcopy(new)
 
 
-def _collapse(data: dict[str, Any]) -> dict[str, Any]:
+def _collapse(data: dict[str, Any], keep: Any = lambda path: False) -> dict[str, Any]:
     """Fields that do not apply to a cell's algorithm take their neutral value, so e.g. a kl axis
-    crossed with `grpo` yields one grpo run, not four (identical cells are merged by run id)."""
+    crossed with `grpo` yields one grpo run, not four (identical cells are merged by run id). Fields
+    `keep(path)` names (written explicitly) stay as they are, for validation to reject."""
     alg = data.get("algorithm")
-    if alg not in RPG_ALGORITHMS and "kl" in data:
-        data["kl"] = "none"
-    if alg != "grpo" and "kl_correction" in data:
-        data["kl_correction"] = False
-    if alg != "rpg_reinforce" and isinstance(data.get("clip"), dict) and "clipped_weight_in_sg" in data["clip"]:
-        data["clip"] = {k: v for k, v in data["clip"].items() if k != "clipped_weight_in_sg"}
-    if alg != "dapo":
-        data.pop("dapo", None)
-    elif "beta" in data:
-        data["beta"] = 0.0
+
+    def neutral(path: str, value: Any) -> None:
+        if path in data and not keep(path):
+            data[path] = value
+
+    if alg not in RPG_ALGORITHMS:
+        neutral("kl", "none")
+    if alg != "grpo":
+        neutral("kl_correction", False)
+        neutral("kl_clamp", True)
+    if alg not in KL_LOSS_ALGORITHMS:
+        neutral("kl_loss", None)
+    clip = data.get("clip")
+    if alg != "rpg_reinforce" and isinstance(clip, dict) and "clipped_weight_in_sg" in clip:
+        if not keep("clip.clipped_weight_in_sg"):
+            data["clip"] = {k: v for k, v in clip.items() if k != "clipped_weight_in_sg"}
+    if alg == "dapo":
+        neutral("beta", 0.0)
+        neutral("reference", "iterative")
     return data
 
 
@@ -577,7 +893,7 @@ def _loc_path(loc: tuple) -> str:
     for part in loc:
         if isinstance(part, int):
             path += f"[{part}]"
-        elif part in ("Clip", "Every") or part.startswith(("literal[", "function-")):
+        elif part in ("Clip", "Every", "DynamicSampling", "Overlong", "KLLoss") or part.startswith(("literal[", "function-")):
             continue  # union-member tags, not fields
         else:
             path = _join_path(path, part)
@@ -606,6 +922,9 @@ def _read_yaml(path: Path) -> Any:
 
     try:
         data = yaml.load(text, Loader=_loader())
+    except _DuplicateKey as e:
+        raise SpecError(f"line {e.problem_mark.line + 1}: {e.problem}; allowed: each key once per mapping",
+                        source=str(path)) from None
     except yaml.YAMLError as e:
         mark = getattr(e, "problem_mark", None)
         where = f"line {mark.line + 1}: " if mark is not None else ""
@@ -628,19 +947,38 @@ def _resolve_interpolations(data: Any, path: Path) -> Any:
 
 
 _LOADER: type | None = None
+_DuplicateKey: type = type("_DuplicateKey", (Exception,), {})  # replaced by a yaml.YAMLError subclass in _loader
 
 
 def _loader() -> type:
-    """PyYAML's safe loader that also reads `1e-4` as a float (YAML 1.1 wants `1.0e-4`), as omegaconf does."""
-    global _LOADER
+    """PyYAML's safe loader that also reads `1e-4` as a float (YAML 1.1 wants `1.0e-4`), as omegaconf does,
+    and rejects a key given twice in one mapping (PyYAML keeps the last silently). Keys merged in with
+    `<<: *anchor` may be overridden: only a mapping's own keys must be distinct."""
+    global _LOADER, _DuplicateKey
     if _LOADER is None:
         import yaml
 
+        class DuplicateKey(yaml.constructor.ConstructorError):
+            pass
+
+        def construct_map(loader, node):
+            seen: dict[str, int] = {}
+            for key_node, _ in node.value:
+                if key_node.tag == "tag:yaml.org,2002:merge" or not isinstance(key_node, yaml.ScalarNode):
+                    continue
+                if key_node.value in seen:
+                    raise DuplicateKey(None, None, f"duplicate key {key_node.value!r} (first on line "
+                                       f"{seen[key_node.value]})", key_node.start_mark)
+                seen[key_node.value] = key_node.start_mark.line + 1
+            yield from yaml.constructor.SafeConstructor.construct_yaml_map(loader, node)
+
         base = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
         _LOADER = type("SpecLoader", (base,), {})
+        _DuplicateKey = DuplicateKey
         _LOADER.add_implicit_resolver(
             "tag:yaml.org,2002:float",
             re.compile(r"^[-+]?(?:[0-9][0-9_]*(?:\.[0-9_]*)?|\.[0-9_]+)[eE][-+]?[0-9]+$"),
             list("-+0123456789."),
         )
+        _LOADER.add_constructor("tag:yaml.org,2002:map", construct_map)
     return _LOADER

@@ -85,10 +85,21 @@ def test_reinforce_pp_baseline_by_hand():
     assert adv[mask].tolist() == pytest.approx(whiten_by_hand(token_values), abs=1e-9)
 
 
-def test_dynamic_sampling_keeps_only_groups_with_signal():
+def test_dynamic_sampling_keeps_groups_with_signal_and_groups_of_one():
+    # the paper's fork keeps `std > 0 or size == 1`: a lone response ("d") stays, uniform groups go
     scores = torch.tensor([1.0, 1.0, 0.0, 1.0, 0.0, 0.0, 1.0])
     keep = A.dynamic_sampling_keep(scores, ["a", "a", "b", "b", "c", "c", "d"])
-    assert keep.tolist() == [False, False, True, True, False, False, False]
+    assert keep.tolist() == [False, False, True, True, False, False, True]
+    assert A.dynamic_sampling_keep(torch.tensor([0.0, 1.0]), [0, 1]).tolist() == [True, True]  # rollout_n = 1
+
+
+def test_reward_kl_penalty_is_k1_on_valid_tokens_and_feeds_the_returns():
+    old = torch.tensor([[-1.0, -2.0, -0.5]], dtype=F64)
+    ref = torch.tensor([[-1.5, -1.0, float("nan")]], dtype=F64)
+    mask = torch.tensor([[1, 1, 0]], dtype=torch.bool)
+    assert A.reward_kl_penalty(old, ref, mask).tolist() == [[0.5, -1.0, 0.0]]
+    returns = A.reinforce_pp_returns(torch.tensor([1.0], dtype=F64), mask, old, ref, beta=0.1)
+    assert returns[0].tolist() == pytest.approx([1.0 - 0.1 * (0.5 - 1.0), 1.0 - 0.1 * -1.0, 0.0])
 
 
 def test_overlong_penalty_by_hand():

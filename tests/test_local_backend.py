@@ -88,10 +88,11 @@ def read_metrics(run_dir: Path) -> list[dict]:
 
 FAMILIES = {
     "grpo": dict(algorithm="grpo", kl="none", reference="frozen"),
-    "dapo": dict(algorithm="dapo", kl="none", beta=0.0,
-                 dapo={"dynamic_sampling": True, "max_num_gen_batches": 4, "overlong_buffer": 16}),
+    "dapo": dict(algorithm="dapo", kl="none", beta=0.0, dynamic_sampling={"gen_batches": 1, "max_num_gen_batches": 4},
+                 overlong={"buffer": 16}),
     "reinforce_pp": dict(algorithm="reinforce_pp", kl="none", reference="frozen"),
-    "reinforce_pp_baseline": dict(algorithm="reinforce_pp_baseline", kl="none"),
+    "reinforce_pp_baseline": dict(algorithm="reinforce_pp_baseline", kl="none", beta=0.0,
+                                  kl_loss={"estimator": "k1", "coef": 1e-3}),
     "rpg": dict(algorithm="rpg", kl="urkl"),
     "rpg_reinforce": dict(algorithm="rpg_reinforce", kl="rkl"),
 }
@@ -228,3 +229,112 @@ def test_job_entrypoint_refuses_a_gpu_it_does_not_have(toy, tmp_path):
     assert done.stderr.strip().splitlines() == [
         "rpg local backend: resources.gpus_per_node is 1 but no CUDA GPU is visible here; allowed: 0 (runs on the CPU)"]
     assert not (tmp_path / "run" / "metrics.jsonl").exists()
+
+
+# ---------------------------------------------------------------- DAPO's tricks on any algorithm, KL loss, seeds
+
+
+def trainer_for(run_dir: Path, toy, **changes):
+    from rpg_cli.backends.local.preflight import check
+    from rpg_cli.backends.local.trainer import Trainer
+
+    return Trainer(check(write_spec(run_dir, toy, **changes)))
+
+
+def test_dynamic_sampling_on_rpg_filters_on_accuracy_in_rounds_and_keeps_groups_of_one(toy, tmp_path, monkeypatch):
+    import rpg_cli.backends.local.trainer as trainer_module
+
+    trainer = trainer_for(tmp_path / "run", toy, train_batch_size=2, rollout_n=2, ppo_mini_batch_size=2,
+                          dynamic_sampling={"gen_batches": 3, "max_num_gen_batches": 2}, overlong={"buffer": 4})
+    calls = []
+
+    def fake_score(rollouts, problems):
+        calls.append(len(problems))
+        n = len(rollouts.texts)
+        acc = torch.tensor([float(i % 2) if i < 4 else 1.0 for i in range(n)])  # two mixed groups, then uniform
+        return torch.full((n,), 0.5), acc  # the score is uniform: a filter on it would drop everything
+
+    monkeypatch.setattr(trainer_module, "score_rollouts", fake_score)
+    torch.manual_seed(0)
+    batch = trainer.sample_batch()
+    assert calls == [6]  # one round of 3 prompt batches of 2 filled the batch
+    assert len(batch.rollouts.texts) == 4 and batch.acc.tolist() == [0.0, 1.0, 0.0, 1.0]
+    assert batch.gen_batches == 1 and trainer.gen_batches == 3
+    budget = trainer.max_new_tokens(batch.rollouts)
+    lengths = batch.rollouts.response_mask.sum(-1).float()
+    assert torch.allclose(batch.rewards - batch.scores, (-(lengths - (budget - 4)) / 4).clamp(max=0))  # overlong
+
+    # groups of one response are kept (std > 0 or size == 1), so rollout_n = 1 fills the batch at once
+    single = trainer_for(tmp_path / "single", toy, train_batch_size=2, rollout_n=1, ppo_mini_batch_size=2,
+                         dynamic_sampling={"gen_batches": 1, "max_num_gen_batches": 5})
+    calls.clear()
+    assert len(single.sample_batch().rollouts.texts) == 2 and calls == [2]
+
+
+def test_kl_loss_toward_pi_old_enters_the_local_update(toy, tmp_path):
+    spec = write_spec(tmp_path / "run", toy, algorithm="reinforce_pp_baseline", kl="none", beta=0.0, steps=1,
+                      ppo_mini_batch_size=4, kl_loss={"estimator": "k1", "coef": 0.5}, val={"n": 1, "every": 1})
+    assert run_trainer(str(spec)) == 0
+    step = read_metrics(tmp_path / "run")[-1]["data"]
+    # the second mini-batch is off-policy, so log pi_theta - log pi_old (k1 toward pi_old) is no longer 0
+    assert step["actor/kl_loss"] != 0.0 and abs(step["actor/kl_loss"]) < 1.0
+
+
+def test_local_validation_samples_each_distinct_problem_once(toy, tmp_path):
+    import pyarrow.parquet as pq
+
+    from rpg_cli.backends.local.data import load_problems
+
+    table = pq.read_table(toy.val)
+    repeated = tmp_path / "val-x3.parquet"
+    pq.write_table(pyarrow_concat([table, table, table]), repeated)
+    trainer = trainer_for(tmp_path / "run", toy, data={"train_files": [str(toy.train)], "val_files": [str(repeated)]})
+    assert len(trainer.val_problems) == table.num_rows  # not 3x: val.n samples per problem, as rpg eval
+    assert len(load_problems([str(repeated)], trainer.tokenizer, 2048)) == 3 * table.num_rows  # training keeps rows
+
+
+def pyarrow_concat(tables):
+    import pyarrow as pa
+
+    return pa.concat_tables(tables)
+
+
+def test_the_seed_reaches_the_prompt_order_and_the_sampler(toy, tmp_path):
+    from rpg_cli.backends.local.trainer import step_seed
+
+    def first_batch(seed):
+        trainer = trainer_for(tmp_path / f"s{seed}", toy, seed=seed)
+        torch.manual_seed(step_seed(seed, 1))
+        return trainer.sample_batch().rollouts.texts
+
+    assert first_batch(0) == first_batch(0)
+    assert first_batch(0) != first_batch(1)
+
+
+def test_kl_target_resets_the_reference_logs_ref_metrics_and_resumes_exactly(toy, tmp_path, capsys):
+    # a tiny target and a weight-1 average: any KL to the reference resets it before the next step
+    changes = dict(steps=6, save_every=3, beta=0.2, reference={"kl_target": 1e-9, "ema": 1.0},
+                   val={"n": 2, "every": 6, "temperature": 1.0, "top_p": 1.0})
+    whole = write_spec(tmp_path / "whole", toy, **changes)
+    assert run_trainer(str(whole)) == 0
+    lines = read_metrics(tmp_path / "whole")[1:]
+    assert [line["step"] for line in lines] == [1, 2, 3, 4, 5, 6]
+    resets = 0
+    for before, line in zip([None, *lines], lines):
+        data = line["data"]
+        reset = before is not None and before["data"]["ref/kl_ema"] > 1e-9
+        resets += reset
+        assert data["ref/resets"] == resets
+        if reset or line["step"] == 1:  # pi_ref is the policy that sampled the step: KL exactly 0
+            assert data["ref/steps_since_reset"] == 0 and data["ref/kl"] == 0.0
+        else:
+            assert data["ref/steps_since_reset"] == before["data"]["ref/steps_since_reset"] + 1
+        assert data["ref/kl_ema"] == data["ref/kl"]  # ema weight 1
+    assert resets >= 2
+    broken = write_spec(tmp_path / "broken", toy, **changes)
+    assert run_trainer(str(broken), stop_after=4) == 0  # "killed" after step 4; last checkpoint: step 3
+    capsys.readouterr()
+    assert run_trainer(str(broken)) == 0
+    assert "resuming from step_3: continuing at step 4" in capsys.readouterr().out
+    for got, want in zip(read_metrics(tmp_path / "broken"), read_metrics(tmp_path / "whole")):
+        assert comparable(got["data"]) == pytest.approx(comparable(want["data"]), rel=1e-6, abs=1e-9)

@@ -14,7 +14,7 @@ E1, E2, C = 0.2, 0.28, 3.0
 F64 = torch.float64
 
 
-def one_token(name, *, w, adv, old_logp=-1.5, beta=0.0, ref_logp=None, clip=True):
+def one_token(name, *, w, adv, old_logp=-1.5, beta=0.0, ref_logp=None, clip=True, clipped_weight=False):
     """Loss value, d loss / d logp and metrics for a single token with ratio w."""
     logp = torch.tensor([[old_logp + math.log(w)]], dtype=F64, requires_grad=True)
     loss, metrics = policy_loss(
@@ -29,6 +29,7 @@ def one_token(name, *, w, adv, old_logp=-1.5, beta=0.0, ref_logp=None, clip=True
         eps_low=E1,
         eps_high=E2,
         clip_c=C,
+        clipped_weight=clipped_weight,
     )
     (d,) = torch.autograd.grad(loss, logp)
     return loss.item(), d.item(), metrics
@@ -168,3 +169,61 @@ def test_policy_loss_passes_the_clipped_weight_option_to_rpg_reinforce_only():
     assert torch.autograd.grad(clipped, kw["log_prob"])[0].item() == pytest.approx(-(1 + E2) * adv)
     with pytest.raises(ValueError, match="rpg_reinforce_\\* losses only"):
         policy_loss("rpg_fkl", clipped_weight=True, **kw)
+
+
+# Remark F.2 at beta > 0 (MATH.md section 3): inside SG, w-bar = clip(w, 1-e1, 1+e2) replaces w and log w
+# everywhere, so C_KL = beta * kl_component(w-bar) in every branch and psi's sign uses w-bar.
+# (w, A, beta, ref_logp, branch under F.2, counter)
+F2_BRANCHES = [
+    pytest.param(2.0, -1.0, 0.3, None, "grad", None, id="w>1+e2, psi<0: gradient weight w-bar A + C_KL(w-bar)"),
+    pytest.param(0.5, 1.0, 0.3, None, "grad", None, id="w<1-e1, psi>=0: gradient weight w-bar A + C_KL(w-bar)"),
+    pytest.param(2.5, 0.15, 0.5, None, "high", "clipfrac_high", id="sign of psi from w-bar: clipped, not a gradient"),
+    pytest.param(4.0, -1.0, 0.3, None, "dual", "clipfrac_dual", id="dual clip value with C_KL(w-bar)"),
+    pytest.param(0.7, -1.0, 0.3, None, "low", "clipfrac_low", id="low clip value with C_KL(w-bar)"),
+    pytest.param(2.0, -1.0, 0.3, -1.2, "grad", None, id="separate reference: log u = log w-bar - log rho"),
+]
+
+
+@pytest.mark.parametrize("variant", ["fkl", "rkl", "ufkl", "urkl"])
+@pytest.mark.parametrize(("w", "adv", "beta", "ref_logp", "branch", "counter"), F2_BRANCHES)
+def test_remark_f2_evaluates_c_kl_at_the_clipped_weight(variant, w, adv, beta, ref_logp, branch, counter):
+    old_logp = -1.5
+    ell = -(old_logp + math.log(w))
+    w_bar = min(max(w, 1 - E1), 1 + E2)
+    rho = 1.0 if ref_logp is None else math.exp(ref_logp - old_logp)
+    log_u_bar = math.log(w_bar) - math.log(rho)
+    c_kl = beta * {"fkl": rho, "rkl": -w_bar * (log_u_bar + 1), "ufkl": -(w_bar - rho), "urkl": -w_bar * log_u_bar}[variant]
+    psi_positive = (adv + c_kl / w_bar) * ell >= 0
+    expected_branch = branch if variant == "urkl" else None  # the other variants may land elsewhere: derive it
+    if expected_branch is None:
+        if psi_positive:
+            expected_branch = "grad" if w < 1 + E2 else "high"
+        else:
+            expected_branch = "low" if w <= 1 - E1 else ("grad" if w < C else "dual")
+    loss, d, metrics = one_token(f"rpg_reinforce_{variant}", w=w, adv=adv, beta=beta, old_logp=old_logp,
+                                 ref_logp=ref_logp, clipped_weight=True)
+    value = {
+        "grad": (w_bar * adv + c_kl) * ell,
+        "high": ((1 + E2) * adv + c_kl) * ell,
+        "low": ((1 - E1) * adv + c_kl) * ell,
+        "dual": (C * adv + c_kl) * ell,
+    }[expected_branch]
+    assert loss == pytest.approx(value, abs=1e-12)
+    assert d == (pytest.approx(-(w_bar * adv + c_kl), abs=1e-12) if expected_branch == "grad" else 0.0)
+    if variant == "urkl":
+        for key in ("clipfrac_high", "clipfrac_low", "clipfrac_dual"):
+            assert metrics[key] == (1.0 if key == counter else 0.0)
+
+
+def test_remark_f2_at_beta_above_zero_differs_from_clipping_only_the_w_a_factor():
+    """The case a wrong C_KL passes at beta = 0: C_KL at w (not w-bar) gives another gradient weight."""
+    w, adv, beta = 2.0, -1.0, 0.3
+    _, d, _ = one_token("rpg_reinforce_urkl", w=w, adv=adv, beta=beta, clipped_weight=True)
+    w_bar = 1 + E2
+    c_kl_at_w, c_kl_at_w_bar = -beta * w * math.log(w), -beta * w_bar * math.log(w_bar)
+    assert d == pytest.approx(-(w_bar * adv + c_kl_at_w_bar), abs=1e-12)
+    assert d != pytest.approx(-(w_bar * adv + c_kl_at_w), abs=1e-6)
+    # and the sign of psi is w-bar's: here it flips the branch from a gradient to a clipped one
+    _, d_plain, _ = one_token("rpg_reinforce_urkl", w=2.5, adv=0.15, beta=0.5)
+    _, d_f2, m_f2 = one_token("rpg_reinforce_urkl", w=2.5, adv=0.15, beta=0.5, clipped_weight=True)
+    assert d_plain != 0.0 and d_f2 == 0.0 and m_f2["clipfrac_high"] == 1.0

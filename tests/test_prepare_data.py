@@ -101,72 +101,95 @@ def three_formats(tmp_path: Path) -> dict[str, tuple[Path, list[str]]]:
 
 
 @pytest.mark.parametrize("kind", ["jsonl", "csv", "parquet"])
-def test_any_local_file_becomes_verl_rows_repeated_k_times(kind, three_formats, tmp_path):
+def test_any_local_file_becomes_verl_rows_one_per_problem(kind, three_formats, tmp_path):
     source, flags = three_formats[kind]
-    result = run("--input", str(source), "--name", "mine", "--repeat", "3", "--out", str(tmp_path / "out"), *flags)
+    result = run("--input", str(source), "--name", "mine", "--out", str(tmp_path / "out"), *flags)
     assert result.exit_code == 0, result.output
     rows = rows_of(tmp_path / "out" / "mine.parquet")
-    assert len(rows) == 3 * 3
     expected = [
         {
             "data_source": "mine",
             "prompt": [{"content": PAPER_PROMPT.format(problem), "role": "user"}],
             "ability": "MATH",
             "reward_model": {"ground_truth": truth, "style": "rule-lighteval/MATH_v2"},
-            "extra_info": {"index": copy, "raw_problem": problem, "split": None},
+            "extra_info": {"index": position, "raw_problem": problem, "split": None},
         }
-        for problem, _, truth in PROBLEMS
-        for copy in range(3)
+        for position, (problem, _, truth) in enumerate(PROBLEMS)
     ]
     assert rows == expected
-    assert re.search(r"│ mine .*│\s+3 │ -\s+│\s+3 │\s+x3 │\s+9 │", result.stdout)
+    assert re.search(r"│ mine .*│\s+3 │ -\s+│\s+3 │ ", result.stdout)  # read, dropped, problems
 
 
 def test_default_run_writes_the_four_paper_files_with_the_paper_data_sources(tmp_path, monkeypatch):
     dapo = tmp_path / "dapo.parquet"
     pq.write_table(pa.Table.from_pylist([dapo_row("Train on $1+2$.", "3", "u1"), dapo_row("And $2+2$.", "4", "u2")]), dapo)
-    aime = write_jsonl(tmp_path / "aime.jsonl", [{"problem": "Hard $n$?", "answer": "7"}])
+    aime = write_jsonl(tmp_path / "aime.jsonl", [{"problem": "Hard $n$?", "answer": "7"}, {"problem": "Next?", "answer": "8"}])
     monkeypatch.chdir(tmp_path)
     result = run(f"dapo-math-17k={dapo}", f"aime24={aime}", f"aime25={aime}", f"amc23={aime}")
     assert result.exit_code == 0, result.output
     files = {p.name: rows_of(p) for p in (tmp_path / "data").iterdir()}
-    assert sorted(files) == ["aime-2024.parquet", "aime-2025.parquet", "amc-2023.parquet", "dapo-math-17k.parquet"]
+    assert sorted(files) == ["aime-2024.parquet", "aime-2025.parquet", "amc-2023.parquet", "dapo-math-17k-eng.parquet"]
     sources = {name: {r["data_source"] for r in rows} for name, rows in files.items()}
-    assert sources == {"dapo-math-17k.parquet": {"math_dapo"}, "aime-2024.parquet": {"math_dapo"},
+    assert sources == {"dapo-math-17k-eng.parquet": {"math_dapo"}, "aime-2024.parquet": {"math_dapo"},
                        "aime-2025.parquet": {"aime2025"}, "amc-2023.parquet": {"amc_23"}}
-    # Evaluation sets: 32 copies numbered 0..31; training set: once each, numbered by position,
-    # its templated prompts unwrapped to the raw problem (not templated twice).
-    assert [r["extra_info"]["index"] for r in files["amc-2023.parquet"]] == list(range(32))
-    train = files["dapo-math-17k.parquet"]
+    # Every set: one row per problem, numbered by position (the k samples of accuracy@k come from the
+    # sampler); templated prompts unwrapped to the raw problem (not templated twice).
+    assert [r["extra_info"]["index"] for r in files["amc-2023.parquet"]] == [0, 1]
+    train = files["dapo-math-17k-eng.parquet"]
     assert [(r["extra_info"]["index"], r["extra_info"]["raw_problem"]) for r in train] == [(0, "Train on $1+2$."), (1, "And $2+2$.")]
     assert train[0]["prompt"][0]["content"] == PAPER_PROMPT.format("Train on $1+2$.")
 
 
 def test_from_option_equals_preset_equals_file(tmp_path):
     aime = write_jsonl(tmp_path / "aime.jsonl", [{"Problem": "Hard $n$?", "Answer": 12}])  # capitalized fields
-    a = run("aime25", "--from", str(aime), "-k", "2", "--out", str(tmp_path / "a"))
-    b = run(f"aime25={aime}", "-k", "2", "--out", str(tmp_path / "b"))
+    a = run("aime25", "--from", str(aime), "--out", str(tmp_path / "a"))
+    b = run(f"aime25={aime}", "--out", str(tmp_path / "b"))
     assert a.exit_code == 0 and b.exit_code == 0, a.output + b.output
     rows = rows_of(tmp_path / "a" / "aime-2025.parquet")
     assert rows == rows_of(tmp_path / "b" / "aime-2025.parquet")
-    assert [r["reward_model"]["ground_truth"] for r in rows] == ["12", "12"]
+    assert [r["reward_model"]["ground_truth"] for r in rows] == ["12"]
 
 
-def test_repeat_applies_to_evaluation_sets_never_to_the_training_set(tmp_path):
-    dapo = tmp_path / "dapo.parquet"
-    pq.write_table(pa.Table.from_pylist([dapo_row("Train on $1+2$.", "3", "u1")]), dapo)
+def test_repeat_is_gone_files_hold_one_row_per_problem(tmp_path):
     aime = write_jsonl(tmp_path / "aime.jsonl", [{"problem": "Hard $n$?", "answer": "7"}])
-    result = run(f"dapo-math-17k={dapo}", f"aime24={aime}", "--repeat", "5", "--out", str(tmp_path))
+    result = run(f"aime24={aime}", "--repeat", "5", "--out", str(tmp_path))
+    assert result.exit_code == 2 and "--repeat" in result.output and not (tmp_path / "aime-2024.parquet").exists()
+
+
+def test_appendix_benchmarks_and_the_papers_training_file_from_local_copies(tmp_path):
+    """Minerva-Math and OlympiadBench (Table 7) with the paper's data_source names, and the English DAPO file
+    (verl rows, as the paper's repository ships it): read from local files shaped like their hub copies."""
+    minerva = write_jsonl(tmp_path / "minerva.jsonl", [{"question": "Mass of $X$ in kg?", "answer": "3.5"},
+                                                       {"question": "Speed?", "answer": "12"}])
+    olympiad = tmp_path / "olympiad.parquet"
+    pq.write_table(pa.Table.from_pylist([{"question": "Find all $n$.", "final_answer": ["$1$", "$2$"]},
+                                         {"question": "Find $x$.", "final_answer": ["$7$"]}]), olympiad)
+    english = tmp_path / "dapo-math-17k-eng.parquet"
+    rows = [dapo_row(p, str(i), f"u{i}") for i, p in enumerate(["Add $1$ and $2$.", "Square $3$.", "求 $x$ 的值。"])]
+    pq.write_table(pa.Table.from_pylist(rows), english)
+    result = run(f"minerva_math={minerva}", f"olympiadbench={olympiad}", f"dapo-math-17k={english}",
+                 "--out", str(tmp_path / "data"))
     assert result.exit_code == 0, result.output
-    assert len(rows_of(tmp_path / "dapo-math-17k.parquet")) == 1
-    assert [r["extra_info"]["index"] for r in rows_of(tmp_path / "aime-2024.parquet")] == [0, 1, 2, 3, 4]
+    written = {p.name: rows_of(p) for p in (tmp_path / "data").iterdir()}
+    assert {r["data_source"] for r in written["minerva-math.parquet"]} == {"minerva_math"}
+    assert [r["reward_model"]["ground_truth"] for r in written["olympiadbench.parquet"]] == ["$1$, $2$", "$7$"]
+    assert {r["data_source"] for r in written["olympiadbench.parquet"]} == {"olympiadbench"}
+    # the English filter stays on as a fallback (the original DAPO-Math-17k has Chinese problems)
+    assert [r["extra_info"]["raw_problem"] for r in written["dapo-math-17k-eng.parquet"]] == [
+        "Add $1$ and $2$.", "Square $3$."]
+    assert re.search(r"│ dapo-math-17k .*│\s+3 │ 1 non-English\s+│\s+2 │", result.stdout)  # problems it holds
+    # rpg eval knows them as benchmarks, by the names the paper's Table 7 uses
+    from rpg_cli.evaluation.plan import benchmark_files, load_benchmark
+
+    assert {"minerva_math", "olympiadbench"} <= set(benchmark_files()) and "dapo-math-17k" not in benchmark_files()
+    assert len(load_benchmark("olympiadbench", tmp_path / "data").problems) == 2
 
 
 def test_prepared_file_prepares_to_itself(three_formats, tmp_path):
     source, _ = three_formats["jsonl"]
-    assert run("--input", str(source), "--name", "x", "-k", "4", "--out", str(tmp_path / "one")).exit_code == 0
+    assert run("--input", str(source), "--name", "x", "--out", str(tmp_path / "one")).exit_code == 0
     first = tmp_path / "one" / "x.parquet"
-    result = run("--input", str(first), "--name", "x", "-k", "4", "--out", str(tmp_path / "two"))
+    result = run("--input", str(first), "--name", "x", "--out", str(tmp_path / "two"))
     assert result.exit_code == 0, result.output
     assert rows_of(tmp_path / "two" / "x.parquet") == rows_of(first)
 
@@ -190,13 +213,12 @@ def test_re_preparing_the_paper_files_reproduces_them(tmp_path):
     for preset, (name, n_rows, data_source) in REFERENCE.items():
         reference = pq.read_table(SHARED_DATA / name)
         ours = pq.read_table(tmp_path / outputs[preset])
-        assert ours.num_rows == n_rows
-        assert Counter(map(_comparable, ours.to_pylist())) == Counter(map(_comparable, reference.to_pylist()))
+        # the paper's 32 copies of each problem become one row per problem, numbered by position
+        assert ours.num_rows == n_rows // 32
+        assert set(map(_comparable, ours.to_pylist())) == set(map(_comparable, reference.to_pylist()))
         assert {r["data_source"] for r in ours.to_pylist()} == {data_source}
-        # 32 copies of each problem, numbered 0..31 (the paper's accuracy@k convention).
-        copies = Counter(r["extra_info"]["index"] for r in ours.to_pylist())
-        assert sorted(copies) == list(range(32)) and set(copies.values()) == {n_rows // 32}
-        # Read -> all but one copy of each problem dropped as duplicates -> 32 copies written.
+        assert [r["extra_info"]["index"] for r in ours.to_pylist()] == list(range(n_rows // 32))
+        # Read -> all but one copy of each problem dropped as duplicates -> one row per problem written.
         assert re.search(rf"│ {preset} .*│\s+{n_rows:,} │ {n_rows - n_rows // 32:,} duplicate", result.stdout)
 
 
@@ -291,16 +313,16 @@ def test_hub_source_is_read_through_datasets(tmp_path):
         return subprocess.run([sys.executable, "-m", "rpg_cli", "prepare-data", *args], cwd=tmp_path, env=env,
                               capture_output=True, text=True, timeout=120)
 
-    one_split = rpg("aime24=hf:someone/aime", "-k", "2", "--out", "out")
+    one_split = rpg("aime24=hf:someone/aime", "--out", "out")
     assert one_split.returncode == 0, one_split.stderr
     rows = rows_of(tmp_path / "out" / "aime-2024.parquet")
     assert [(r["extra_info"]["raw_problem"], r["reward_model"]["ground_truth"]) for r in rows] == [
-        ("P1?", "1"), ("P1?", "1"), ("P2?", "2"), ("P2?", "2")]
+        ("P1?", "1"), ("P2?", "2")]
 
     write_jsonl(folder / "test.jsonl", [{"problem": "T?", "answer": "3"}])
     two_splits = rpg("aime24=hf:someone/aime", "--out", "out2")
     assert two_splits.returncode == 2 and "has splits train, test; pick one as hf:someone/aime@SPLIT" in two_splits.stderr
-    chosen = rpg("aime24=hf:someone/aime@test", "-k", "1", "--out", "out3")
+    chosen = rpg("aime24=hf:someone/aime@test", "--out", "out3")
     assert chosen.returncode == 0, chosen.stderr
     assert [r["extra_info"]["raw_problem"] for r in rows_of(tmp_path / "out3" / "aime-2024.parquet")] == ["T?"]
 
@@ -356,7 +378,7 @@ def test_english_filter_and_dedup_counts(dapo_like, tmp_path):
     result = run(f"dapo-math-17k={dapo_like}", "--out", str(tmp_path / "out"))
     assert result.exit_code == 0, result.output
     assert all(s in result.stdout for s in ("3 non-English", "13 duplicate", "1 duplicate, other answer"))
-    rows = rows_of(tmp_path / "out" / "dapo-math-17k.parquet")
+    rows = rows_of(tmp_path / "out" / "dapo-math-17k-eng.parquet")
     assert len(rows) == 6 and rows[1]["reward_model"]["ground_truth"] == "1"  # first answer kept
 
 
@@ -374,7 +396,7 @@ def test_filters_can_be_switched_off(dapo_like, tmp_path):
 def test_a_failure_mid_write_leaves_the_old_file_and_no_partial_one(three_formats, tmp_path, monkeypatch):
     source, _ = three_formats["jsonl"]
     out = tmp_path / "out"
-    assert run("--input", str(source), "--name", "x", "-k", "1", "--out", str(out)).exit_code == 0
+    assert run("--input", str(source), "--name", "x", "--out", str(out)).exit_code == 0
     before = (out / "x.parquet").read_bytes()
 
     real = pipeline.rows_to_batch
@@ -386,11 +408,11 @@ def test_a_failure_mid_write_leaves_the_old_file_and_no_partial_one(three_format
             raise RuntimeError("disk on fire")
         return real(rows)
 
-    monkeypatch.setattr(pipeline, "ROWS_PER_GROUP", 4)
+    monkeypatch.setattr(pipeline, "ROWS_PER_GROUP", 2)  # 3 problems: groups of 2 and 1
     monkeypatch.setattr(pipeline, "rows_to_batch", fail_on_second_group)
-    result = run("--input", str(source), "--name", "x", "-k", "32", "--out", str(out))
+    result = run("--input", str(source), "--name", "x", "--out", str(out))
     assert isinstance(result.exception, RuntimeError)
-    assert calls == [4, 4]  # the first group had been written to the temporary file
+    assert calls == [2, 1]  # the first group had been written to the temporary file
     assert (out / "x.parquet").read_bytes() == before
     assert sorted(p.name for p in out.iterdir()) == ["x.parquet"]  # no temporary file left behind
 
@@ -438,8 +460,8 @@ def test_unknown_field_lists_the_fields(three_formats, tmp_path):
 def test_help_teaches_by_example():
     result = run("--help")
     assert result.exit_code == 0
-    for text in ("dapo-math-17k", "aime24", "amc23", "--question-field", "--strict", "--repeat",
-                 "rpg prepare-data aime24=aime24.jsonl", "hf:open-r1/DAPO-Math-17k-Processed:en"):
+    for text in ("dapo-math-17k", "aime24", "amc23", "minerva_math", "olympiadbench", "--question-field", "--strict",
+                 "rpg prepare-data aime24=aime24.jsonl", "hf:BytedTsinghua-SIA/DAPO-Math-17k@train"):
         assert text in result.stdout
 
 
@@ -449,7 +471,8 @@ def test_help_teaches_by_example():
 @pytest.mark.parametrize(
     ("value", "text"),
     [(27, "27"), (27.0, "27"), (0.5, "0.5"), ("  336^\\circ ", "336^\\circ"), (["5"], "5"), ("0.50", "0.50"),
-     (None, None), (float("nan"), None), ("  ", None), (True, None), ([1, 2], None)],
+     (None, None), (float("nan"), None), ("  ", None), (True, None), ([1, 2], "1, 2"), (["$3$", " 5 "], "$3$, 5"),
+     ([1, None], None), ([[1], 2], None)],
 )
 def test_answer_text(value, text):
     assert answer_text(value) == text

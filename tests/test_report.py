@@ -254,6 +254,21 @@ def test_compare_paper_matches_by_method_model_context(store, fill):
     assert _balanced(report.to_latex(table))
 
 
+def test_compare_paper_fills_table_7_from_the_appendix_benchmarks(store, fill):
+    # Table 7: Qwen3-4B, 4K, on Minerva-Math and OlympiadBench, under the names `rpg prepare-data` gives them
+    paper = report.paper_results()
+    grpo = fill.run(spec("grpo"))
+    fill.evals(grpo, "minerva_math", {10: 0.3})
+    ufkl = fill.run(spec("rpg", "ufkl"))
+    fill.metrics(ufkl, {10: {"val-core/olympiadbench/acc/mean@32": 0.5}})  # training validation, by data_source
+    table = report.build_table(store, compare_paper=True)
+    assert table.benchmarks == ["minerva_math", "olympiadbench"]
+    m = row_of(table, "GRPO").cells[("minerva_math", "last")]
+    assert m.paper == paper[("Qwen3-4B", "4K", "GRPO", "minerva_math")][0]
+    o = row_of(table, "RPG-UFKL").cells[("olympiadbench", "best")]
+    assert (o.mean, o.paper) == (0.5, paper[("Qwen3-4B", "4K", "RPG-UFKL", "olympiadbench")][1])
+
+
 def test_packaged_paper_results_match_the_reference_copy():
     import os
     from importlib import resources

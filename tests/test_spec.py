@@ -82,9 +82,10 @@ def spec_error(fn, *args) -> str:
 
 def test_run_id_is_a_literal_stable_hash(tmp_path):
     spec = load_spec(write(tmp_path, SPEC_YAML))
-    # A fixed spec must keep its id forever (stored runs and Ray submission ids depend on it).
-    assert spec.run_id == "4aa9a91b"
-    assert spec.run_name == "rpg_reinforce-urkl-clip0.2_0.28-adamw-4k-s0-4aa9a91b"
+    # A fixed spec must keep its id (stored runs and Ray submission ids depend on it); it changes only when
+    # what a spec means changes (here: "4k" became 4096 + 4096 tokens, the paper's context lengths).
+    assert spec.run_id == "38e3b824"
+    assert spec.run_name == "rpg_reinforce-urkl-clip0.2_0.28-adamw-4k-s0-38e3b824"
 
 
 def test_run_id_is_the_sha256_of_the_sorted_compact_json():
@@ -159,11 +160,26 @@ def test_loss_name_and_advantage_estimator(changes, loss, estimator):
 
 
 def test_context_lengths_and_dapo_defaults():
+    # "Nk" is N x 1024 prompt tokens and N x 1024 response tokens (the paper's 4,096 tokens for 2K)
+    assert CONTEXT_LENGTHS == {"2k": (2048, 2048), "4k": (4096, 4096), "8k": (8192, 8192)}
     spec = ExperimentSpec.model_validate(spec_dict(context="8k"))
-    assert (spec.max_prompt_length, spec.max_response_length) == CONTEXT_LENGTHS["8k"]
-    assert spec.max_response_length == 8192
+    assert (spec.max_prompt_length, spec.max_response_length) == (8192, 8192)
+    assert spec.dynamic_sampling is None and spec.overlong is None  # the tricks are off unless asked for
     dapo = ExperimentSpec.model_validate(spec_dict(algorithm="dapo", kl="none", beta=0))
-    assert dapo.dapo is not None and dapo.canonical()["dapo"]["overlong_buffer"] == 512
+    assert dapo.canonical()["dynamic_sampling"] == {"gen_batches": 3, "max_num_gen_batches": 20}
+    assert dapo.canonical()["overlong"] == {"buffer": 512, "penalty_factor": 1.0}
+    plain = ExperimentSpec.model_validate(spec_dict(algorithm="dapo", kl="none", beta=0, dynamic_sampling="off",
+                                                    overlong=False))
+    assert plain.dynamic_sampling is None and plain.overlong is None
+    assert ExperimentSpec.model_validate(plain.canonical()) == plain  # the canonical form round-trips
+
+
+def test_tricks_and_kl_loss_on_other_algorithms():
+    rpg = ExperimentSpec.model_validate(spec_dict(dynamic_sampling=True, overlong={"buffer": 256}))
+    assert rpg.dynamic_sampling.max_num_gen_batches == 20 and rpg.overlong.buffer == 256
+    rfpp = ExperimentSpec.model_validate(spec_dict(algorithm="reinforce_pp", kl="none", beta=0,
+                                                   kl_loss={"estimator": "k1", "coef": 1e-4}))
+    assert (rfpp.kl_loss.estimator, rfpp.kl_loss.coef) == ("k1", 1e-4)
 
 
 def test_clip_off_and_every_reference(tmp_path):
@@ -224,13 +240,22 @@ def test_wrong_type(tmp_path, old, new, path, allowed):
         ({"algorithm": "rpg", "clip": {"eps_low": 0.2, "eps_high": 0.2, "clipped_weight_in_sg": True}},
          "clip.clipped_weight_in_sg", "allowed: false"),
         ({"algorithm": "reinforce_pp", "kl": "none", "clip": None}, "clip", "off only for rpg, rpg_reinforce"),
-        ({"dapo": {"dynamic_sampling": True}}, "dapo", "allowed: null"),
+        ({"dapo": {"dynamic_sampling": True}}, "dapo", "unknown field"),
+        ({"kl_loss": {"estimator": "k1", "coef": 1e-4}}, "kl_loss", "allowed: null"),  # rpg_reinforce: beta is its KL
+        ({"algorithm": "dapo", "kl": "none", "beta": 0, "kl_loss": {"estimator": "k3", "coef": 1e-3}}, "kl_loss",
+         "dapo has no KL term"),
+        ({"algorithm": "reinforce_pp", "kl": "none", "kl_loss": {"estimator": "k4", "coef": 1e-3}}, "kl_loss.estimator",
+         "'k1', 'k2' or 'k3'"),
+        ({"kl_clamp": False}, "kl_clamp", "allowed: true"),
+        ({"algorithm": "dapo", "kl": "none", "beta": 0, "reference": "frozen"}, "reference", "loads nothing"),
         ({"ppo_mini_batch_size": 48}, "ppo_mini_batch_size", "divisor of train_batch_size"),
     ],
 )
 def test_invalid_combinations(changes, path, allowed):
+    from rpg_cli.spec import _validate
+
     with pytest.raises(SpecError) as info:
-        ExperimentSpec.model_validate(spec_dict(**changes))
+        _validate(ExperimentSpec, spec_dict(**changes))
     assert info.value.path == path
     assert allowed in info.value.reason
 
@@ -245,17 +270,17 @@ def test_eps_must_be_positive_and_c_above_one(tmp_path):
 
 
 def test_context_must_fit_the_model(tmp_path):
-    path = write(tmp_path, SPEC_YAML + "model_max_length: 4096\n")  # 4k = 1024 prompt + 4096 response
+    path = write(tmp_path, SPEC_YAML + "model_max_length: 4096\n")  # 4k = 4096 prompt + 4096 response
     message = spec_error(load_spec, path)
-    assert message.startswith(f"{path}: context: 4k needs 1024+4096 tokens")
+    assert message.startswith(f"{path}: context: 4k needs 4096+4096 tokens")
     assert message.endswith("allowed: 2k")
-    ok = load_spec(write(tmp_path, SPEC_YAML + "model_max_length: 5120\n", "ok.yaml"))
-    assert ok.model_max_length == 5120
+    ok = load_spec(write(tmp_path, SPEC_YAML + "model_max_length: 8192\n", "ok.yaml"))
+    assert ok.model_max_length == 8192
 
 
 def test_bad_reference(tmp_path):
     path = write(tmp_path, SPEC_YAML + "reference: {every: 0}\n")
-    assert "reference: got {'every': 0}; allowed: iterative, frozen, or {every: K}" in spec_error(load_spec, path)
+    assert spec_error(load_spec, path).endswith("spec.yaml: reference.every: got 0; allowed: >= 1")
 
 
 def test_missing_file_and_broken_yaml(tmp_path):
@@ -277,7 +302,7 @@ def test_sweep_error_in_a_grid_value_names_its_index(tmp_path):
 
 
 def test_sweep_error_in_base_include_exclude_and_top_level(tmp_path):
-    path = write(tmp_path, sweep_yaml(base_changes="lr: -1\n"), "a.yaml")
+    path = write(tmp_path, sweep_yaml().replace("lr: 5.0e-7", "lr: -1"), "a.yaml")
     assert "base.lr: got -1; allowed: > 0" in spec_error(load_sweep, path)
     path = write(tmp_path, sweep_yaml("grid:\n  optimizer: [adamw]\n", "include:\n  - {optimiser: sgd}\n"), "b.yaml")
     assert "include[0].optimiser: unknown field; allowed: algorithm," in spec_error(load_sweep, path)
@@ -295,7 +320,7 @@ def test_cell_errors_name_the_cell(tmp_path):
     path = write(tmp_path, sweep_yaml(grid, base_changes="model_max_length: 4096\n").replace("  kl: urkl\n", ""))
     message = spec_error(lambda p: load_sweep(p).expand(), path)
     # cell 1 (grpo, 2k) is fine; cell 2 is grpo at 8k, which does not fit 4096 tokens
-    assert message.startswith(f"{path}: cell 2 (grpo-clip0.2_0.28-adamw-8k-s0) context: 8k needs 1024+8192")
+    assert message.startswith(f"{path}: cell 2 (grpo-clip0.2_0.28-adamw-8k-s0) context: 8k needs 8192+8192")
     path = write(tmp_path, sweep_yaml("grid:\n  algorithm: [grpo, rpg]\n").replace("  kl: urkl\n", ""), "b.yaml")
     assert spec_error(lambda p: load_sweep(p).expand(), path) == (
         f"{path}: cell 2 (rpg-clip0.2_0.28-adamw-4k-s0) kl: rpg needs a KL variant; allowed: fkl, rkl, ufkl, urkl")
@@ -369,13 +394,52 @@ def test_include_extends_matching_cells_and_otherwise_adds_a_cell():
     assert len(by_key) == 5
 
 
+@pytest.mark.parametrize("entry, field, words", [
+    ({"algorithm": "dapo", "beta": 1e-3}, "beta", "dapo has no KL term"),
+    ({"algorithm": "dapo", "kl": "urkl"}, "kl", "dapo has no KL variant"),
+    ({"algorithm": "dapo", "reference": "frozen"}, "reference", "no reference model"),
+    ({"algorithm": "rpg", "kl": "urkl", "kl_correction": True}, "kl_correction", "only grpo"),
+    ({"algorithm": "rpg", "kl": "urkl", "kl_loss": {"estimator": "k1", "coef": 1e-4}}, "kl_loss", "allowed: null"),
+    ({"algorithm": "grpo", "clip": {"eps_low": 0.2, "eps_high": 0.2, "clipped_weight_in_sg": True}},
+     "clip.clipped_weight_in_sg", "rpg_reinforce's"),
+])
+def test_a_value_written_in_a_cells_own_include_entry_is_explicit_and_never_collapses(entry, field, words):
+    message = spec_error(lambda: sweep({"optimizer": ["adamw"]}, include=[entry]).expand())
+    assert f"{field}: " in message and words in message
+    assert "(set in include[0]" in message  # where it was written
+    # the same value from base or a grid axis collapses as designed
+    base = {**spec_dict(), **{k: v for k, v in entry.items() if k != "algorithm"}}
+    grid = SweepSpec.model_validate({"name": "t", "base": base, "grid": {"algorithm": [entry["algorithm"], "rpg"]}})
+    assert {x.algorithm for x in grid.expand()} == {entry["algorithm"], "rpg"}
+
+
+def test_a_sub_field_of_a_switched_off_mapping_written_in_include_is_an_error():
+    message = spec_error(lambda: sweep({"optimizer": ["adamw"]}, include=[{"clip": "off", "clip.c": 3.0}]).expand())
+    assert "clip.c: sets c of a clip that is off in this cell (set in include[0].clip.c)" in message
+
+
+def test_a_key_given_twice_in_a_yaml_mapping_names_the_key_and_its_lines(tmp_path):
+    text = sweep_yaml().replace("  lr: 5.0e-7\n", "  lr: 5.0e-7\n  steps: 10\n  lr: 1.0e-6\n")
+    path = write(tmp_path, text)
+    assert spec_error(load_sweep, path) == (
+        f"{path}: line 16: duplicate key 'lr' (first on line 14); allowed: each key once per mapping")
+    nested = write(tmp_path, SPEC_YAML.replace("clip: {eps_low: 0.2, eps_high: 0.28}",
+                                               "clip: {eps_low: 0.2, eps_high: 0.28, eps_low: 0.1}"), "n.yaml")
+    assert "line 4: duplicate key 'eps_low'" in spec_error(load_spec, nested)
+    # keys merged in from an anchor may be overridden: only a mapping's own keys must be distinct
+    merged = write(tmp_path, sweep_yaml("grid:\n  optimizer: [adamw]\n",
+                                        "include:\n  - &a {algorithm: grpo, kl: none}\n  - {<<: *a, optimizer: schedule_free}\n"),
+                   "m.yaml")
+    assert {x.optimizer for x in load_sweep(merged).expand() if x.algorithm == "grpo"} == {"adamw", "schedule_free"}
+
+
 def test_include_never_overwrites_a_grid_value():
     s = sweep({"optimizer": ["adamw"]}, include=[{"optimizer": "schedule_free", "seed": 7}])
     assert sorted((x.optimizer, x.seed) for x in s.expand()) == [("adamw", 0), ("schedule_free", 7)]
 
 
 def test_seeds_replicate_every_cell_and_conflict_with_a_seed_axis():
-    s = sweep({"kl": ["fkl", "urkl"]}, include=[{"algorithm": "grpo", "kl": "rkl"}], seeds=[0, 1, 2])
+    s = sweep({"kl": ["fkl", "urkl"]}, include=[{"algorithm": "grpo", "kl": "none"}], seeds=[0, 1, 2])
     got = cells(s)
     assert len(got) == 3 * 3 and sorted({c[4] for c in got}) == [0, 1, 2]
     with pytest.raises(SpecError, match="seeds: the grid already has a seed axis"):
@@ -408,8 +472,8 @@ def test_paper_qwen25_7b_instruct_grid():
     specs = load_sweep(EXPERIMENTS / "paper-qwen25-7b-instruct.yaml").expand()
     assert len(specs) == 32
     opts, kls = ("adamw", "schedule_free"), ("fkl", "rkl", "ufkl", "urkl")
-    baseline_clip = {"grpo": (0.2, 0.2), "dapo": (0.2, 0.28), "reinforce_pp": (0.2, 0.2),
-                     "reinforce_pp_baseline": (0.2, 0.2)}
+    baseline_clip = {"grpo": (0.2, 0.2), "dapo": (0.2, 0.28), "reinforce_pp": (0.2, 0.28),
+                     "reinforce_pp_baseline": (0.2, 0.28)}
     expected = {(a, "none", baseline_clip[a], o, "2k") for a in baseline_clip for o in opts}
     expected |= {("rpg", k, (0.2, 0.28), o, "2k") for k, o in itertools.product(kls, opts)}
     expected |= {("rpg_reinforce", k, c, o, "2k")
@@ -419,10 +483,10 @@ def test_paper_qwen25_7b_instruct_grid():
         assert x.model == "Qwen/Qwen2.5-7B-Instruct" and x.backend == "verl" and x.steps == 400
         assert (x.train_batch_size, x.rollout_n, x.ppo_mini_batch_size) == (512, 16, 32)
         assert x.lr == (5e-7 if x.algorithm == "rpg_reinforce" else 1e-6)
-        assert x.beta == {"grpo": 1e-3, "dapo": 0.0, "reinforce_pp": 1e-3, "reinforce_pp_baseline": 1e-3}.get(
+        assert x.beta == {"grpo": 1e-3, "dapo": 0.0, "reinforce_pp": 0.0, "reinforce_pp_baseline": 0.0}.get(
             x.algorithm, 1e-4)
         assert x.resources.nodes * x.resources.gpus_per_node == 8
-        assert x.data.train_files == ["data/dapo-math-17k.parquet"]
+        assert x.data.train_files == ["data/dapo-math-17k-eng.parquet"]
         assert x.data.val_files == ["data/aime-2024.parquet", "data/aime-2025.parquet", "data/amc-2023.parquet"]
     assert len({x.run_name for x in specs}) == 32
 
@@ -433,7 +497,7 @@ def test_paper_qwen3_4b_grid():
     core = [("grpo", "none", (0.2, 0.2)), ("dapo", "none", (0.2, 0.28))]
     core += [(a, k, (0.2, 0.28)) for a in ("rpg", "rpg_reinforce") for k in ("ufkl", "urkl")]
     expected = {(a, k, c, "adamw", ctx) for a, k, c in core for ctx in ("2k", "4k", "8k")}
-    expected |= {(a, "none", (0.2, 0.2), "adamw", "4k") for a in ("reinforce_pp", "reinforce_pp_baseline")}
+    expected |= {(a, "none", (0.2, 0.28), "adamw", "4k") for a in ("reinforce_pp", "reinforce_pp_baseline")}
     assert combos(specs) == expected
     per_context = {ctx: sum(x.context == ctx for x in specs) for ctx in ("2k", "4k", "8k")}
     assert per_context == {"2k": 6, "4k": 8, "8k": 6}

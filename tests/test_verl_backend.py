@@ -29,11 +29,16 @@ from rpg_cli.algorithms import LOSS_AGG_MODES, LOSS_NAMES, policy_loss  # noqa: 
 from rpg_cli.backends.verl import diagnose, launch  # noqa: E402
 from rpg_cli.cli import app  # noqa: E402
 from rpg_cli.orchestration.plan import plan_sweep  # noqa: E402
-from rpg_cli.spec import ExperimentSpec, SpecError, load_sweep  # noqa: E402
+from rpg_cli.spec import Every, ExperimentSpec, SpecError, load_sweep  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
 GRIDS = [REPO / "experiments" / "paper-qwen25-7b-instruct.yaml", REPO / "experiments" / "paper-qwen3-4b.yaml"]
 VERL_CONFIG_DIR = str(Path(verl.__file__).parent / "trainer" / "config")
+
+
+@pytest.fixture(autouse=True)
+def _no_local_data(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)  # the grids' data/ paths resolve here: never to a checkout's own data files
 
 
 def compose_verl(spec: ExperimentSpec, run_dir: Path):
@@ -66,14 +71,25 @@ def assert_config_is_the_spec(spec: ExperimentSpec, cfg, run_dir: Path) -> None:
         assert (actor.clip_ratio_low, actor.clip_ratio_high, actor.clip_ratio_c) == (
             spec.clip.eps_low, spec.clip.eps_high, spec.clip.c)
     assert loss.clipped_weight == (spec.clip is not None and spec.clip.clipped_weight_in_sg)
-    # the reference: the frozen one is verl's ref worker; the iterative one needs no worker at all
-    kl_in_reward = spec.algorithm in ("reinforce_pp", "reinforce_pp_baseline")
-    assert need_reference_policy(cfg) == (spec.reference == "frozen")
-    assert loss.use_reference == (spec.reference == "frozen" and not kl_in_reward)
-    assert actor.kl_loss_coef == 0.0  # verl's own KL loss never adds to ours
-    assert algorithm.use_kl_in_reward == (kl_in_reward and spec.beta > 0)
+    assert loss.kl_clamp == spec.kl_clamp
+    # the reference: a frozen or reset one is verl's ref worker, started only when something reads it (the
+    # reset schedule's KL trigger does); the iterative one is pi_old and needs no worker at all
+    separate = spec.reference != "iterative"
+    resets = isinstance(spec.reference, Every)
+    kl_in_reward = spec.algorithm in ("reinforce_pp", "reinforce_pp_baseline") and spec.beta > 0
+    kl_in_loss = spec.algorithm in ("rpg", "rpg_reinforce", "grpo") and spec.beta > 0
+    assert loss.use_reference == (separate and kl_in_loss)
+    assert need_reference_policy(cfg) == (separate and (kl_in_loss or kl_in_reward or resets or spec.kl_loss is not None))
+    assert cfg.trainer.v1.trainer_mode == "rpg" and launch.reference_from_config(cfg) == spec.reference
+    assert algorithm.use_kl_in_reward == kl_in_reward
     if algorithm.use_kl_in_reward:
         assert (algorithm.kl_penalty, algorithm.kl_ctrl.kl_coef) == ("kl", spec.beta)
+    if spec.kl_loss is None:
+        assert actor.kl_loss_coef == 0.0 and not loss.kl_loss_to_old  # verl's own KL loss never adds to ours
+    else:  # verl computes it: toward its ref worker (frozen) or toward pi_old, handed in by the plugin
+        assert (actor.kl_loss_type, actor.kl_loss_coef) == (launch.KL_LOSS_ESTIMATORS[spec.kl_loss.estimator],
+                                                            spec.kl_loss.coef)
+        assert actor.use_kl_loss == separate and loss.kl_loss_to_old == (spec.reference == "iterative")
     # lengths, batches, sampling
     assert (cfg.data.max_prompt_length, cfg.data.max_response_length) == (spec.max_prompt_length,
                                                                            spec.max_response_length)
@@ -100,17 +116,24 @@ def assert_config_is_the_spec(spec: ExperimentSpec, cfg, run_dir: Path) -> None:
     estimator = {"grpo": ("grpo", True), "rpg": ("grpo", False), "reinforce_pp": ("reinforce_plus_plus", True),
                  "reinforce_pp_baseline": ("reinforce_plus_plus_baseline", True)}[spec.advantage_estimator]
     assert (algorithm.adv_estimator, algorithm.norm_adv_by_std_in_grpo) == estimator
-    # DAPO: verl's own dynamic sampling and overlong shaping
-    if spec.dapo is not None:
-        assert algorithm.filter_groups.enable == spec.dapo.dynamic_sampling
+    # DAPO's tricks, on any algorithm: verl's own dynamic sampling and overlong shaping
+    assert algorithm.filter_groups.enable == (spec.dynamic_sampling is not None)
+    if spec.dynamic_sampling is not None:
+        ds = spec.dynamic_sampling
         assert algorithm.filter_groups.metric == "acc"
+        assert (algorithm.filter_groups.max_inflight_gen_batches, algorithm.filter_groups.max_num_gen_batches) == (
+            ds.gen_batches, ds.max_num_gen_batches)
+    if spec.overlong is not None:
         assert cfg.reward.reward_manager.name == "dapo"
         shaping = cfg.reward.reward_kwargs.overlong_buffer_cfg
         assert (shaping.enable, shaping.len, shaping.penalty_factor) == (
-            True, spec.dapo.overlong_buffer, spec.dapo.overlong_penalty_factor)
+            True, spec.overlong.buffer, spec.overlong.penalty_factor)
         assert cfg.reward.reward_kwargs.max_resp_len == spec.max_response_length
     else:
-        assert not algorithm.filter_groups.enable and cfg.reward.reward_manager.name == "naive"
+        assert cfg.reward.reward_manager.name == "naive"
+    # seeds: data shuffling, rollout sampling, the actor's data loader and engine
+    assert cfg.data.shuffle and cfg.data.seed == spec.seed
+    assert (rollout.seed, actor.data_loader_seed, actor.fsdp_config.seed) == (spec.seed,) * 3
     # resources, checkpoints, resume, metrics, rewards, plugin
     assert (cfg.trainer.nnodes, cfg.trainer.n_gpus_per_node) == (spec.resources.nodes, spec.resources.gpus_per_node)
     assert (cfg.trainer.total_training_steps, cfg.trainer.save_freq, cfg.trainer.resume_mode) == (
@@ -144,9 +167,19 @@ def paper_run(**changes) -> ExperimentSpec:
     {"algorithm": "rpg_reinforce", "kl": "urkl", "clip": {"eps_low": 0.2, "eps_high": 0.28, "clipped_weight_in_sg": True}},
     {"algorithm": "grpo", "kl": "none", "kl_correction": True, "reference": "frozen", "loss_agg_mode": "seq-mean-token-mean"},
     {"algorithm": "reinforce_pp", "kl": "none", "reference": "frozen", "beta": 1e-3, "context": "8k"},
-    {"algorithm": "dapo", "kl": "none", "beta": 0.0, "dapo": {"dynamic_sampling": False, "overlong_buffer": 1024}},
+    {"algorithm": "dapo", "kl": "none", "beta": 0.0, "dynamic_sampling": None, "overlong": {"buffer": 1024}},
+    {"algorithm": "reinforce_pp_baseline", "kl": "none", "beta": 0.0, "reference": "frozen",
+     "kl_loss": {"estimator": "k3", "coef": 1e-3}},
+    {"algorithm": "grpo", "kl": "none", "reference": "frozen", "beta": 1e-3, "kl_clamp": False},
     {"data": {"train_files": ["odd dir/train=1,b's.parquet"]}, "resources": {"nodes": 2, "gpus_per_node": 4, "cpus": 4}},
-], ids=["unclipped-schedule_free", "clipped-weight-remark-F2", "grpo_corrected", "reinforce_pp-8k", "dapo-no-dynamic-sampling", "2-nodes-no-val"])
+    {"reference": {"every": 10}},
+    {"reference": {"kl_target": 0.05, "ema": 0.2, "every": 50}, "optimizer": "schedule_free"},
+    {"algorithm": "reinforce_pp", "kl": "none", "reference": {"every": 10}, "beta": 1e-3},
+    {"algorithm": "rpg", "kl": "urkl", "beta": 0.0, "reference": {"every": 10}},
+    {"algorithm": "rpg", "kl": "urkl", "beta": 0.0, "reference": "frozen"},
+], ids=["unclipped-schedule_free", "clipped-weight-remark-F2", "grpo_corrected", "reinforce_pp-8k", "dapo-no-dynamic-sampling",
+        "rfppb-k3-kl-loss-frozen", "grpo-exact-k3", "2-nodes-no-val", "reference-every", "reference-kl-target-and-every",
+        "reinforce_pp-reference-every", "reset-reference-nothing-reads", "frozen-reference-nothing-reads"])
 def test_off_grid_variants_compose_equal_to_their_spec(changes, tmp_path):
     spec = paper_run(**changes)
     cfg = compose_verl(spec, tmp_path)
@@ -345,6 +378,42 @@ def test_a_reference_changes_the_loss_and_a_missing_one_is_a_clear_error(tmp_pat
         verl_actor_loss(config, flat, data_without_ref)
 
 
+@pytest.mark.parametrize("estimator", ["k1", "k3"])
+def test_kl_loss_toward_pi_old_is_verls_kl_loss_with_old_log_probs_as_its_reference(estimator, tmp_path):
+    """REINFORCE++ as the scripts ran it: verl's KL loss toward the iterative reference. The run keeps
+    use_kl_loss off (no ref worker); the plugin turns it on for the loss with pi_old as the reference."""
+    from rpg_cli.algorithms import kl_penalty_loss
+
+    base = actor_config("ppo", tmp_path, use_reference=False)
+    kl_type, coef = launch.KL_LOSS_ESTIMATORS[estimator], 0.05
+    ours_config = dataclasses.replace(base, use_kl_loss=False, kl_loss_type=kl_type, kl_loss_coef=coef,
+                                      policy_loss=dataclasses.replace(base.policy_loss, kl_loss_to_old=True))
+    data, flat, padded = verl_batch(seed=11)
+    batch = data.exclude("ref_log_prob")  # no ref worker ran
+    loss, metrics = verl_actor_loss(ours_config, flat, batch)
+    assert "ref_log_prob" not in batch.keys()  # the caller's micro-batch is left as it was
+    # verl's own KL loss, with old_log_probs put in the reference's place by hand
+    by_hand = batch.copy()
+    by_hand["ref_log_prob"] = batch["old_log_probs"]
+    theirs, _ = verl_actor_loss(dataclasses.replace(base, use_kl_loss=True, kl_loss_type=kl_type, kl_loss_coef=coef),
+                                flat, by_hand)
+    without, _ = verl_actor_loss(dataclasses.replace(ours_config, policy_loss=base.policy_loss), flat, batch)
+    (g_ours,), (g_theirs,), (g_without,) = (torch.autograd.grad(x, flat) for x in (loss, theirs, without))
+    assert torch.equal(loss.detach(), theirs.detach()) and torch.equal(g_ours, g_theirs)
+    assert not torch.equal(g_ours, g_without) and "kl_loss" in metrics
+    # the local backend's computation: policy_loss + coef x kl_penalty_loss toward pi_old
+    ends = torch.tensor([3 + 5, 2 + 1, 4 + 7, 2 + 3]).cumsum(0).tolist()
+    log_prob = torch.nn.utils.rnn.pad_sequence([flat[e - n - 1: e - 1] for e, n in zip(ends, [5, 1, 7, 3])],
+                                               batch_first=True)
+    mask = padded["mask"].bool()
+    pg, _ = policy_loss("ppo", log_prob=log_prob, old_log_prob=padded["old"], advantages=padded["adv"],
+                        response_mask=mask, eps_low=base.clip_ratio_low, eps_high=base.clip_ratio_high,
+                        clip_c=base.clip_ratio_c)
+    local = pg + coef * kl_penalty_loss(estimator, log_prob=log_prob, ref_log_prob=padded["old"], response_mask=mask)
+    (g_local,) = torch.autograd.grad(local, flat)
+    assert torch.allclose(local, loss, rtol=1e-12, atol=1e-15) and torch.allclose(g_local, g_ours, rtol=1e-12, atol=1e-15)
+
+
 @pytest.mark.parametrize("agg", LOSS_AGG_MODES)
 @pytest.mark.parametrize("dp_size,tokens,seqs", [(1, None, None), (2, 40, 9), (4, 17, 5)])
 def test_global_batch_aggregation_matches_verls_own_ppo_loss(agg, dp_size, tokens, seqs, tmp_path):
@@ -366,7 +435,6 @@ def test_global_batch_aggregation_matches_verls_own_ppo_loss(agg, dp_size, token
 
 
 @pytest.mark.parametrize("changes,field,words", [
-    ({"reference": {"every": 10}}, "reference", "ref worker cannot"),
     ({"rollout": {"engine": "hf"}}, "rollout.engine", "allowed with backend verl: vllm"),
     ({"resources": {"nodes": 1, "gpus_per_node": 0, "cpus": 4}}, "resources.gpus_per_node", "verl trains on GPUs"),
     ({"resources": {"nodes": 1, "gpus_per_node": 3, "cpus": 4}}, "train_batch_size", "do not split over 3 GPUs"),
@@ -380,15 +448,23 @@ def test_what_verl_cannot_run_is_rejected_at_plan_time(changes, field, words, tm
     assert "\n" not in str(caught.value)
 
 
-def test_sweep_dry_run_rejects_every_k_in_one_line_and_exit_2(tmp_path, monkeypatch):
+@pytest.mark.parametrize("reference", [{"every": 5}, {"kl_target": 0.05, "ema": 0.2}, {"every": 3, "kl_target": 0.1}])
+def test_sweep_dry_run_takes_a_reset_reference_and_shows_its_overrides(reference, tmp_path, monkeypatch):
     sweep = tmp_path / "s.yaml"
-    base = paper_run().canonical()
-    sweep.write_text(json.dumps({"name": "s", "base": {**base, "reference": {"every": 5}}}))
+    sweep.write_text(json.dumps({"name": "s", "base": {**paper_run().canonical(), "reference": reference}}))
     monkeypatch.chdir(tmp_path)
-    result = CliRunner().invoke(app, ["sweep", str(sweep), "--dry-run"])
-    assert result.exit_code == 2
-    lines = result.output.strip().splitlines()
-    assert len(lines) == 1 and "reference" in lines[0] and "every: 5" in lines[0]
+    result = CliRunner().invoke(app, ["sweep", str(sweep), "--dry-run", "--format", "json",
+                                      "--db", f"sqlite:///{tmp_path / 'none.db'}"])
+    assert result.exit_code == 0, result.output
+    (row,) = json.loads(result.output)
+    settings = {arg.split("=", 1)[0]: arg.split("=", 1)[1] for arg in row["entrypoint"][3:]}
+    assert settings["trainer.v1.trainer_mode"] == "rpg"
+    assert settings["+trainer.v1.rpg.reference"] == "reset"
+    assert settings["+trainer.v1.rpg.every"] == str(reference.get("every", "null"))
+    assert settings["+trainer.v1.rpg.kl_target"] == str(reference.get("kl_target", "null"))
+    assert settings["+trainer.v1.rpg.kl_ema"] == str(reference.get("ema", 0.1 if "kl_target" in reference else "null"))
+    assert settings["actor_rollout_ref.actor.use_kl_loss"] == "true"  # verl's ref worker runs
+    assert settings["+actor_rollout_ref.actor.policy_loss.use_reference"] == "true"  # and the loss uses it
 
 
 def test_dry_run_json_shows_the_full_verl_entrypoint_and_reserves_no_gpu(tmp_path, monkeypatch):

@@ -3,6 +3,6 @@
 Imports nothing else of the project, so any trainer (verl, the local backend, a notebook) can use it.
 """
 
-from rpg_cli.algorithms.losses import LOSS_AGG_MODES, LOSS_NAMES, aggregate, policy_loss
+from rpg_cli.algorithms.losses import LOSS_AGG_MODES, LOSS_NAMES, aggregate, kl_penalty_loss, policy_loss
 
-__all__ = ["LOSS_AGG_MODES", "LOSS_NAMES", "aggregate", "policy_loss"]
+__all__ = ["LOSS_AGG_MODES", "LOSS_NAMES", "aggregate", "kl_penalty_loss", "policy_loss"]

@@ -85,6 +85,13 @@ def masked_whiten(values: torch.Tensor, response_mask: torch.Tensor, eps: float 
     return torch.where(mask, (values - mean) * torch.rsqrt(var + eps), torch.zeros_like(values))
 
 
+def reward_kl_penalty(old_log_prob: torch.Tensor, ref_log_prob: torch.Tensor, response_mask: torch.Tensor) -> torch.Tensor:
+    """REINFORCE++'s per-token KL penalty (MATH.md section 4, before beta): k1 = old_logp - ref_logp on
+    valid tokens, 0 on padding. `beta` times it is subtracted from the reward (verl's use_kl_in_reward)."""
+    mask = response_mask.bool()
+    return torch.where(mask, old_log_prob - ref_log_prob, torch.zeros_like(old_log_prob))
+
+
 def reinforce_pp_returns(
     scores: torch.Tensor,
     response_mask: torch.Tensor,
@@ -94,7 +101,7 @@ def reinforce_pp_returns(
 ) -> torch.Tensor:
     """REINFORCE++ token returns (gamma = 1): R minus the k1 penalties of this and all later tokens.
 
-    The per-token reward is -beta * (old_logp - ref_logp), plus R on the last valid token; the return
+    The per-token reward is -beta * reward_kl_penalty, plus R on the last valid token; the return
     of token t is the sum of the rewards from t to the end of the response.
     """
     mask = response_mask.bool()
@@ -102,7 +109,7 @@ def reinforce_pp_returns(
     if beta:
         if old_log_prob is None or ref_log_prob is None:
             raise ValueError("REINFORCE++ with beta > 0 needs old_log_prob and ref_log_prob")
-        reward = torch.where(mask, -beta * (old_log_prob - ref_log_prob), reward)
+        reward = -beta * reward_kl_penalty(old_log_prob, ref_log_prob, mask)
     last = (mask.long().cumsum(-1) == mask.sum(-1, keepdim=True)) & mask
     reward = reward + torch.where(last, scores.unsqueeze(-1), torch.zeros_like(reward))
     returns = reward.flip(-1).cumsum(-1).flip(-1)
@@ -129,14 +136,17 @@ def reinforce_pp_baseline_advantage(
 
 
 def dynamic_sampling_keep(scores: torch.Tensor, group_ids: GroupIds) -> torch.Tensor:
-    """DAPO dynamic sampling: keep the responses of groups whose rewards are not all equal (bool mask)."""
+    """DAPO dynamic sampling (MATH.md section 4): keep the responses of groups whose rewards are not all
+    equal, and of groups of one response (bool mask), as the paper's fork does (`std > 0 or size == 1`).
+    `scores` is the filter metric: raw accuracy in the runs, before any length penalty."""
     index, n_groups = group_index(group_ids, scores.shape[0])
     index = index.to(scores.device)
     lo = torch.full((n_groups,), float("inf"), dtype=scores.dtype, device=scores.device)
     hi = torch.full((n_groups,), float("-inf"), dtype=scores.dtype, device=scores.device)
     lo = lo.scatter_reduce(0, index, scores, reduce="amin")
     hi = hi.scatter_reduce(0, index, scores, reduce="amax")
-    return (hi > lo)[index]
+    size = torch.zeros(n_groups, dtype=torch.long, device=scores.device).index_add_(0, index, torch.ones_like(index))
+    return ((hi > lo) | (size == 1))[index]
 
 
 def overlong_penalty(

@@ -21,6 +21,8 @@ KL_VARIANTS = ("fkl", "rkl", "ufkl", "urkl")
 
 # exp() of a log-ratio beyond this overflows float32 products and sums; verl clamps at the same bound.
 LOG_RATIO_LIMIT = 20.0
+# verl's `low_var_kl` (and the paper's fork) also clamps the k3 value itself to [-LIMIT, LIMIT].
+K3_VALUE_LIMIT = 10.0
 
 
 def k1(log_ratio: torch.Tensor) -> torch.Tensor:
@@ -36,6 +38,31 @@ def k2(log_ratio: torch.Tensor) -> torch.Tensor:
 def k3(log_ratio: torch.Tensor) -> torch.Tensor:
     """k3(y) = y - 1 - log y  (>= 0; expm1 keeps it exact near y = 1)."""
     return torch.expm1(log_ratio) - log_ratio
+
+
+def low_var_kl(log_ref_ratio: torch.Tensor) -> torch.Tensor:
+    """k3(pi_ref/pi_theta) as GRPO ran it (MATH.md section 4): verl's `low_var_kl`, also the paper's fork.
+
+    The log-ratio log(pi_ref/pi_theta) is clamped to +-20 and the value to [-10, 10], so tokens beyond
+    either bound carry no gradient. `k3` itself stays exact; this is the clamped estimator of the runs.
+    """
+    return k3(log_ref_ratio.clamp(-LOG_RATIO_LIMIT, LOG_RATIO_LIMIT)).clamp(-K3_VALUE_LIMIT, K3_VALUE_LIMIT)
+
+
+def kl_loss_term(estimator: str, log_prob: torch.Tensor, ref_log_prob: torch.Tensor) -> torch.Tensor:
+    """Per-token KL-loss term toward pi_ref, as verl's actor computes `kl_penalty` (MATH.md section 4).
+
+    k1: log pi_theta - log pi_ref (verl `kl`); k2: (log pi_theta - log pi_ref)^2 / 2 (verl `mse`);
+    k3: `low_var_kl` (verl `low_var_kl`). Not importance-weighted, as the runs used it.
+    """
+    log_ratio = log_prob - ref_log_prob
+    if estimator == "k1":
+        return log_ratio
+    if estimator == "k2":
+        return k2(log_ratio)
+    if estimator == "k3":
+        return low_var_kl(-log_ratio)
+    raise ValueError(f"unknown KL-loss estimator {estimator!r}; expected one of k1, k2, k3")
 
 
 def clamp_log_ratio(log_ratio: torch.Tensor) -> torch.Tensor:
@@ -121,3 +148,21 @@ def kl_component(variant: str, log_w: torch.Tensor, log_rho: torch.Tensor | None
     if variant == "urkl":
         return -w * log_u
     raise ValueError(f"unknown KL variant {variant!r}; expected one of {', '.join(KL_VARIANTS)}")
+
+
+@torch.no_grad()
+def reference_kl(old_log_prob: torch.Tensor, ref_log_prob: torch.Tensor, response_mask: torch.Tensor) -> torch.Tensor:
+    """The KL to the reference that the iterative reference tracks (section 1, "With a separate reference
+    pi_ref"; the paper's "token-level KL"): the token-mean over all valid tokens of the batch of
+
+        k3(pi_ref / pi_old) = rho - 1 - log rho,   log rho = ref_logp - old_logp,
+
+    whose expectation under x ~ pi_old is UKL(pi_old || pi_ref) = KL(pi_old || pi_ref) (the k3 identity of
+    section 1), i.e. how far the policy that sampled the batch has moved from pi_ref. 0 when no token is
+    valid; padded positions never enter (masked before the exp); computed in at least float32 (verl's
+    log-probs may be bf16).
+    """
+    dtype = torch.promote_types(torch.promote_types(old_log_prob.dtype, ref_log_prob.dtype), torch.float32)
+    mask = response_mask.bool()
+    log_rho = torch.where(mask, clamp_log_ratio(ref_log_prob.to(dtype) - old_log_prob.to(dtype)), 0.0)
+    return k3(log_rho).sum() / mask.sum().clamp(min=1)

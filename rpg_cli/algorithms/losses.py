@@ -11,11 +11,21 @@ there is finite (and in fact 0), in the loss and in its gradient.
 
 from __future__ import annotations
 
+import math
 from typing import NamedTuple
 
 import torch
 
-from rpg_cli.algorithms.kl import KL_VARIANTS, clamp_log_ratio, k3, kl_component, kl_estimate, log_u_of, reverse_ukl
+from rpg_cli.algorithms.kl import (
+    KL_VARIANTS,
+    clamp_log_ratio,
+    k3,
+    kl_component,
+    kl_estimate,
+    kl_loss_term,
+    log_u_of,
+    low_var_kl,
+)
 
 LOSS_NAMES = (
     *(f"rpg_{v}" for v in KL_VARIANTS),
@@ -140,18 +150,22 @@ def rpg_reinforce_loss(
     Every branch is (w̄ A + C_KL) ℓ, with w̄ the ratio w or the bound of its branch (1+e2, 1-e1, c),
     which is how it is computed; only the unclipped branches let the gradient through ℓ.
     Unclipped it is section 1's REINFORCE-style loss `-SG(w A + C_KL) logp`. `clipped_weight` is
-    Remark F.2: clip(w, 1-e1, 1+e2) replaces w inside SG in the gradient branches (default off).
+    Remark F.2 (section 3, default off): inside SG the clipped w̄ = clip(w, 1-e1, 1+e2) replaces w *and*
+    log w everywhere, so C_KL = beta * kl_component(w̄), psi's sign and the gradient branches' weight use w̄.
     """
     with torch.no_grad():  # every weight of a REINFORCE loss is a constant; the KL value is a metric
         w = torch.exp(log_w)
         kl = kl_estimate(variant, log_w, log_rho, w)
-        c_kl = beta * kl_component(variant, log_w, log_rho)
+        log_w_sg = log_w
+        if clip and clipped_weight:
+            log_w_sg = log_w.clamp(math.log1p(-eps_low), math.log1p(eps_high))
+        w_sg = torch.exp(log_w_sg)
+        c_kl = beta * kl_component(variant, log_w_sg, log_rho)
     ell = -log_prob
     if not clip:
         return TokenLoss((w * adv + c_kl) * ell, w, kl)
     hi, lo = 1 + eps_high, 1 - eps_low
     with torch.no_grad():
-        w_sg = w.clamp(lo, hi) if clipped_weight else w
         positive = (adv + c_kl / w_sg) * ell >= 0  # the sign of psi
         clip_high = positive & (w >= hi)
         clip_low = ~positive & (w <= lo)
@@ -169,25 +183,54 @@ def rpg_reinforce_loss(
 
 def grpo_loss(
     log_w: torch.Tensor,
-    log_rho: torch.Tensor | None,
+    log_ref_ratio: torch.Tensor,
     adv: torch.Tensor,
     *,
     corrected: bool,
+    kl_clamp: bool,
     beta: float,
     clip: bool,
     eps_low: float,
     eps_high: float,
     c: float,
 ) -> TokenLoss:
-    """GRPO: dual-clip PPO on A plus beta * k3(pi_ref/pi_theta) per token.
+    """GRPO (MATH.md sections 1 "GRPO's KL term" and 4): dual-clip PPO on A plus beta * k3(pi_ref/pi_theta).
 
-    As published (`corrected=False`) the k3 term is not importance-weighted although tokens come from
-    pi_old, so its gradient is not that of UKL(pi_theta || pi_ref). `corrected=True` weights it by w,
-    which is exactly the `urkl` estimator: E_old[w k3(pi_ref/pi_theta)] = UKL(pi_theta || pi_ref).
+    `log_ref_ratio` = log(pi_ref/pi_theta), unclamped. As published (`corrected=False`) the k3 term is not
+    importance-weighted although tokens come from pi_old, so its gradient is not that of
+    UKL(pi_theta || pi_ref). `corrected=True` weights it by w, the `urkl` estimator:
+    E_old[w k3(pi_ref/pi_theta)] = UKL(pi_theta || pi_ref).
+    `kl_clamp=True` (how the paper ran GRPO, and the default) takes k3 as verl's `low_var_kl`: log-ratio
+    clamped to +-20, value to [-10, 10], so the loss equals verl's PPO loss + beta * low_var_kl on every
+    input, value and gradient. `kl_clamp=False` is the exact k3 (log-ratio bounded at +-20 only, so
+    exp() stays finite).
     """
     pg = ppo_loss(log_w, adv, clip=clip, eps_low=eps_low, eps_high=eps_high, c=c)
-    kl = reverse_ukl(log_w, log_rho, pg.ratio) if corrected else k3(-log_u_of(log_w, log_rho))
+    kl = low_var_kl(log_ref_ratio) if kl_clamp else k3(clamp_log_ratio(log_ref_ratio))
+    if corrected:
+        kl = pg.ratio * kl
     return pg._replace(loss=pg.loss + beta * kl, kl=kl)
+
+
+def kl_penalty_loss(
+    estimator: str,
+    *,
+    log_prob: torch.Tensor,
+    ref_log_prob: torch.Tensor,
+    response_mask: torch.Tensor,
+    loss_agg_mode: str = "token-mean",
+) -> torch.Tensor:
+    """The KL loss of the PPO-family runs (MATH.md section 4), aggregated like the policy loss: the term to
+    add times its coefficient. As verl's actor computes it (`use_kl_loss`, `kl_loss_type`): k1 (`kl`),
+    k2 (`mse`) or k3 (`low_var_kl`) of pi_ref/pi_theta per token, not importance-weighted. pi_ref is the
+    frozen model's log-probs, or pi_old's for the iterative reference (REINFORCE++ as the scripts ran it).
+    Padding holds log-ratio 0, so nothing there leaks into the value or gradient.
+    """
+    mask = response_mask.bool()
+    zero = torch.zeros((), dtype=log_prob.dtype, device=log_prob.device)
+    log_prob = torch.where(mask, log_prob, zero)
+    ref = torch.where(mask, ref_log_prob.detach(), zero)
+    return aggregate(kl_loss_term(estimator, log_prob, ref), mask, loss_agg_mode)
 
 
 # ---------------------------------------------------------------- aggregation (section 5)
@@ -263,6 +306,7 @@ def policy_loss(
     clip_c: float = 10.0,
     loss_agg_mode: str = "token-mean",
     clipped_weight: bool = False,
+    kl_clamp: bool = True,
 ) -> tuple[torch.Tensor, dict[str, float]]:
     """The scalar loss to minimise and the metrics a researcher watches.
 
@@ -273,7 +317,8 @@ def policy_loss(
           iterative reference pi_ref = pi_old.
     advantages: the baseline-subtracted reward R - b (or an estimator's output), per token or per sequence.
     clip=False gives the unclipped losses of MATH.md section 1. clipped_weight (rpg_reinforce_* only) is
-    Remark F.2: the clipped ratio replaces w inside the stop-gradient.
+    Remark F.2: the clipped ratio replaces w inside the stop-gradient. kl_clamp (grpo, grpo_corrected):
+    GRPO's k3 as verl's clamped `low_var_kl` (default, as the paper ran it) or exact.
 
     Metrics: pg_loss (the returned loss), kl (mean estimate of the penalised divergence, KL losses only),
     ppo_kl (mean -log w: drift from the sampling policy), ratio_mean (mean w), clipfrac_high/low/dual
@@ -295,7 +340,10 @@ def policy_loss(
     if name == "ppo":
         out = ppo_loss(log_w, adv, **clipping)
     elif name in ("grpo", "grpo_corrected"):
-        out = grpo_loss(log_w, log_rho, adv, corrected=name == "grpo_corrected", beta=beta, **clipping)
+        ref = old_log_prob if ref_log_prob is None else ref_log_prob
+        log_ref_ratio = torch.where(mask, ref.detach() - log_prob, zero)  # unclamped, as verl's low_var_kl takes it
+        out = grpo_loss(log_w, log_ref_ratio, adv, corrected=name == "grpo_corrected", kl_clamp=kl_clamp,
+                        beta=beta, **clipping)
     elif name.startswith("rpg_reinforce_"):
         logp = torch.where(mask, log_prob, zero)
         out = rpg_reinforce_loss(name.removeprefix("rpg_reinforce_"), log_w, log_rho, logp, adv, beta=beta,

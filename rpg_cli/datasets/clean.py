@@ -60,8 +60,12 @@ def answer_text(value: Any) -> str | None:
     """The ground-truth answer as text, or None when missing.
 
     Numbers are written the way the answer is meant (27.0 read from a CSV or float column is
-    "27"); a one-element list (some hubs store answers as lists) is unwrapped.
+    "27"); a one-element list (some hubs store answers as lists) is unwrapped, and a longer one (a
+    problem with several answers, as in OlympiadBench's final_answer) is written "a, b".
     """
+    if isinstance(value, (list, tuple)) and len(value) > 1:
+        parts = [answer_text(v) for v in value]
+        return None if None in parts or any(isinstance(v, (list, tuple)) for v in value) else ", ".join(parts)
     if isinstance(value, (list, tuple)) and len(value) == 1:
         value = value[0]
     if value is None or isinstance(value, bool):

@@ -45,7 +45,7 @@ ROWS_PER_GROUP = 8192  # parquet row-group size; rows are serialized one group a
 
 @dataclass
 class SourceReport:
-    """What happened to one source: rows read, dropped by reason, problems kept, rows written."""
+    """What happened to one source: rows read, dropped by reason, problems kept (one row each in the file)."""
 
     name: str
     origin: str
@@ -56,11 +56,6 @@ class SourceReport:
     dropped: dict[str, int]  # reason -> rows, in DROP_REASONS order, zero counts left out
     malformed: list[tuple[str, str]]  # (location, why) of rows that are broken, not just filtered
     problems: int
-    repeat: int
-
-    @property
-    def written(self) -> int:
-        return self.problems * self.repeat
 
 
 class PrepareError(SourceError):
@@ -160,7 +155,6 @@ def collect(spec: SourceSpec) -> Collected:
         dropped={reason: dropped[reason] for reason in DROP_REASONS if dropped[reason]},
         malformed=[(rows.location(number), why) for number, why in malformed],
         problems=len(problems),
-        repeat=spec.repeat,
     )
     return Collected(spec=spec, problems=problems, report=report)
 
@@ -182,21 +176,19 @@ def resolve_field(rows: RawRows, explicit: str | None, candidates: Iterable[str]
 
 
 def verl_batches(collected: Collected, rows_per_group: int | None = None) -> Iterator[pa.RecordBatch]:
-    """The rows of one output file, `repeat` copies per problem, problem by problem.
+    """The rows of one output file: one per problem, `extra_info.index` its position.
 
-    `extra_info.index` follows the paper: the copy number 0..k-1 when problems are repeated for
-    accuracy@k, else the problem's position.
+    (The paper's evaluation files held 32 copies of each problem, numbered 0..31, sampled once each;
+    here a problem's k samples come from the sampler, grouped, so that pass@k and maj@k can be computed.)
     """
     size = rows_per_group or ROWS_PER_GROUP
     spec = collected.spec
     rows: list[dict[str, Any]] = []
     for position, (problem, answer) in enumerate(collected.problems):
-        for copy in range(spec.repeat):
-            index = copy if spec.repeat > 1 else position
-            rows.append(verl_row(problem, answer, spec.data_source, index))
-            if len(rows) == size:
-                yield rows_to_batch(rows)
-                rows = []
+        rows.append(verl_row(problem, answer, spec.data_source, position))
+        if len(rows) == size:
+            yield rows_to_batch(rows)
+            rows = []
     if rows:
         yield rows_to_batch(rows)
 

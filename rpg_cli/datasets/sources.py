@@ -1,7 +1,8 @@
 """The named sources of the paper (presets) and turning command-line arguments into sources.
 
 Hub ids were chosen among public copies of each set; any other copy works as `PRESET=hf:ID` or
-as a local file `PRESET=FILE`.
+as a local file `PRESET=FILE`. Every file holds one row per problem: the k samples of accuracy@k come
+from the sampler (a run's val.n, `rpg eval --k`), never from copies of a problem.
 """
 
 from __future__ import annotations
@@ -13,9 +14,6 @@ from pathlib import Path
 
 from rpg_cli.datasets.readers import HubDataset, LocalFile, Origin, SourceError
 
-EVAL_REPEAT = 32  # the paper's Mean@32: each evaluation problem appears 32 times
-
-
 @dataclass(frozen=True)
 class Preset:
     name: str
@@ -23,26 +21,30 @@ class Preset:
     filename: str
     data_source: str  # selects the reward function in verl and names the validation metrics
     hub: HubDataset
-    question_field: str  # fields of `hub`; local files are auto-detected
-    answer_field: str
-    repeat: int
+    question_field: str | None  # fields of `hub` (None: auto-detected, as for local files)
+    answer_field: str | None
     english_only: bool
+    train: bool = False  # the training set; every other preset is an evaluation benchmark
+    default: bool = True  # prepared by a bare `rpg prepare-data`
 
 
 PRESETS: dict[str, Preset] = {
     preset.name: preset
     for preset in (
-        # 1.79M rows: ~17.4k distinct problems, each repeated ~100 times, prompts already templated.
+        # The paper's own filtered training file (the RPG repository's README): DAPO-Math-17k with the
+        # non-English problems removed, ~13.9k problems. Its English filter still runs, so that the original
+        # BytedTsinghua-SIA/DAPO-Math-17k (1.79M rows: ~17.4k distinct problems, each ~100 times) works as
+        # a fallback: `rpg prepare-data dapo-math-17k=hf:BytedTsinghua-SIA/DAPO-Math-17k@train`.
         Preset(
             name="dapo-math-17k",
             title="DAPO-Math-17k (training, English, deduplicated)",
-            filename="dapo-math-17k.parquet",
+            filename="dapo-math-17k-eng.parquet",
             data_source="math_dapo",
-            hub=HubDataset("BytedTsinghua-SIA/DAPO-Math-17k", split="train"),
-            question_field="prompt",
-            answer_field="reward_model.ground_truth",
-            repeat=1,
+            hub=HubDataset("math-dataset/DAPO-17k-Eng"),
+            question_field=None,
+            answer_field=None,
             english_only=True,
+            train=True,
         ),
         # The paper's files label AIME 2024 `math_dapo`, like the training set.
         Preset(
@@ -53,7 +55,6 @@ PRESETS: dict[str, Preset] = {
             hub=HubDataset("HuggingFaceH4/aime_2024", split="train"),
             question_field="problem",
             answer_field="answer",
-            repeat=EVAL_REPEAT,
             english_only=False,
         ),
         Preset(
@@ -64,7 +65,6 @@ PRESETS: dict[str, Preset] = {
             hub=HubDataset("math-ai/aime25", split="test"),
             question_field="problem",
             answer_field="answer",
-            repeat=EVAL_REPEAT,
             english_only=False,
         ),
         Preset(
@@ -75,8 +75,30 @@ PRESETS: dict[str, Preset] = {
             hub=HubDataset("math-ai/amc23", split="test"),
             question_field="question",
             answer_field="answer",
-            repeat=EVAL_REPEAT,
             english_only=False,
+        ),
+        # The appendix benchmarks (Table 7), named as the paper's table names them.
+        Preset(
+            name="minerva_math",
+            title="Minerva-Math",
+            filename="minerva-math.parquet",
+            data_source="minerva_math",
+            hub=HubDataset("math-ai/minervamath", split="test"),
+            question_field="question",
+            answer_field="answer",
+            english_only=False,
+            default=False,
+        ),
+        Preset(
+            name="olympiadbench",
+            title="OlympiadBench",
+            filename="olympiadbench.parquet",
+            data_source="olympiadbench",
+            hub=HubDataset("math-ai/olympiadbench", split="test"),
+            question_field="question",
+            answer_field="final_answer",
+            english_only=False,
+            default=False,
         ),
     )
 }
@@ -88,7 +110,6 @@ class SourceOptions:
 
     question_field: str | None = None  # None: the preset's hub field, else auto-detected
     answer_field: str | None = None
-    repeat: int | None = None  # None: each source's default
     english_only: bool | None = None  # None: each source's default
     dedup: bool = True
 
@@ -101,7 +122,6 @@ class SourceSpec:
     origin: Origin
     output: Path
     data_source: str
-    repeat: int
     english_only: bool
     dedup: bool
     question_field: str | None  # None: auto-detect
@@ -137,7 +157,7 @@ def resolve_sources(
 
     ARGS are preset names, optionally `PRESET=FILE` or `PRESET=hf:ID`; `from_origin` replaces the
     origin of the one preset named. `input_file` adds any local file, written as NAME.parquet.
-    With neither presets nor an input file, all presets are prepared.
+    With neither presets nor an input file, the default presets are prepared (what the paper grids use).
     """
     if from_origin is not None and len(args) != 1:
         raise SourceError("--from replaces the origin of exactly one preset: rpg prepare-data PRESET --from FILE")
@@ -150,7 +170,7 @@ def resolve_sources(
     if input_file is not None:
         specs.append(_input_spec(input_file, name, data_source, out_dir, options))
     if not specs:
-        specs = [_preset_spec(preset, None, out_dir, options) for preset in PRESETS]
+        specs = [_preset_spec(name, None, out_dir, options) for name, preset in PRESETS.items() if preset.default]
 
     outputs: dict[Path, str] = {}
     for spec in specs:
@@ -182,8 +202,6 @@ def _preset_spec(arg: str, from_origin: str | None, out_dir: Path, options: Sour
         origin=origin,
         output=out_dir / preset.filename,
         data_source=preset.data_source,
-        # The training set is never repeated: --repeat is about accuracy@k on evaluation sets.
-        repeat=1 if preset.repeat == 1 else (options.repeat or preset.repeat),
         english_only=preset.english_only if options.english_only is None else options.english_only,
         dedup=options.dedup,
         question_field=options.question_field or (preset.question_field if own_hub else None),
@@ -203,7 +221,6 @@ def _input_spec(
         origin=LocalFile(path.expanduser()),
         output=out_dir / f"{name}.parquet",
         data_source=data_source or name,
-        repeat=options.repeat or 1,
         english_only=bool(options.english_only),
         dedup=options.dedup,
         question_field=options.question_field,

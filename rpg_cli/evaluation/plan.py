@@ -311,7 +311,7 @@ def benchmark_files() -> dict[str, str]:
     """Benchmark name -> the file `rpg prepare-data` writes for it (the evaluation presets)."""
     from rpg_cli.datasets.sources import PRESETS
 
-    return {name: preset.filename for name, preset in PRESETS.items() if preset.repeat > 1}
+    return {name: preset.filename for name, preset in PRESETS.items() if not preset.train}
 
 
 def load_benchmark(name: str, data_dir: Path) -> Benchmark:
@@ -337,7 +337,8 @@ def load_benchmark(name: str, data_dir: Path) -> Benchmark:
 
 
 def read_problems(path: Path) -> tuple[tuple[Problem, ...], int]:
-    """The unique problems of a verl-format parquet (its rows repeat each problem k times)."""
+    """The unique problems of a verl-format parquet: one row each, or (older files, the paper's) k copies
+    each, grouped here so that k samples of a problem stay one problem's for pass@k."""
     import pyarrow.parquet as pq
 
     try:

@@ -87,8 +87,11 @@ def plan_sweep(sweep: SweepSpec, runs_root: Path, backend: str | None = None) ->
 
     Pure: computes paths and commands, touches nothing on disk. `backend` overrides the spec's.
     """
+    from rpg_cli.trackers import plan_trackers
+
     root = Path(runs_root).absolute()
-    return [plan_run(spec, root / sweep.name / spec.run_name, sweep.name) for spec in sweep.expand(backend)]
+    specs = plan_trackers(sweep.expand(backend), sweep.name, root)  # group, tags and defaults, for spec.json
+    return [plan_run(spec, root / sweep.name / spec.run_name, sweep.name) for spec in specs]
 
 
 # --------------------------------------------------------------------------------------------- dry run
@@ -168,3 +171,16 @@ def refuse_bad_inputs(checks: list[Check], total: int) -> None:
     if errors:
         more = f" (and {len(errors) - 1} more: `rpg sweep SPEC --dry-run` lists them)" if len(errors) > 1 else ""
         raise PreflightError(check_line(errors[0], total).removeprefix("error: ") + more)
+
+
+def validation_costs(plans: list[RunPlan]) -> list[tuple[int, int | None, int, int, int]]:
+    """What validation costs before a GPU is paid for: (runs, problems or None when the files could not
+    be read here, samples per problem, validations per run, every N steps), one entry per distinct cost."""
+    from rpg_cli.spec import validation_cost
+
+    costs = Counter(
+        (c.problems, c.samples_per_problem, c.validations, p.spec["val"]["every"])
+        for p in plans
+        if (c := validation_cost(p.spec)) is not None
+    )
+    return [(runs, *cost) for cost, runs in costs.items()]

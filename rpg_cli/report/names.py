@@ -45,8 +45,10 @@ BENCHMARK_ALIASES = {
     "amc_23": "amc23",
     "amc2023": "amc23",
     "amc-23": "amc23",
+    "minerva": "minerva_math",  # Table 7's benchmarks: rpg prepare-data's data_source is the paper's name
+    "olympiad_bench": "olympiadbench",
 }
-BENCHMARK_ORDER = {"aime24": 0, "aime25": 1, "amc23": 2}
+BENCHMARK_ORDER = {"aime24": 0, "aime25": 1, "amc23": 2, "minerva_math": 3, "olympiadbench": 4}
 
 
 def benchmark_name(data_source: str) -> str:

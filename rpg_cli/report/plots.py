@@ -25,6 +25,8 @@ PLOT_METRICS: dict[str, tuple[str, ...]] = {
     "entropy": ("actor/entropy",),
     "response_length": ("response_length/mean",),
     "kl": ("actor/kl_loss", "actor/ppo_kl"),
+    "reference_kl": ("ref/kl",),
+    "reference_age": ("ref/steps_since_reset",),
 }
 PLOT_LABELS = {
     REWARD_KEY: "reward (mean score)",
@@ -32,8 +34,10 @@ PLOT_LABELS = {
     "response_length/mean": "response length (tokens)",
     "actor/kl_loss": "KL loss",
     "actor/ppo_kl": "KL(π_old ‖ π) (ppo_kl)",
+    "ref/kl": "KL(π_old ‖ π_ref), token mean of k3",
+    "ref/steps_since_reset": "steps since the reference was reset",
 }
-DEFAULT_PLOT_METRICS = ("reward", "entropy", "response_length", "kl", "val")
+DEFAULT_PLOT_METRICS = ("reward", "entropy", "response_length", "kl", "reference_kl", "reference_age", "val")
 
 
 @dataclass
@@ -44,7 +48,8 @@ class Panel:
 
 
 def plot_panels(store: Store, run_ids: Sequence[str], metrics: Sequence[str], strict: bool = True) -> list[Panel]:
-    """Resolve panel names (reward, entropy, response_length, kl, val, or any logged key) to keys;
+    """Resolve panel names (reward, entropy, response_length, kl, reference_kl, reference_age, val, or any
+    logged key) to keys;
     `val` becomes one panel per validation benchmark. ReportError when a name has nothing logged
     (with strict=False: only when none has)."""
     logged = store.logged_keys(run_ids, {key for name in metrics for key in PLOT_METRICS.get(name, (name,))})

@@ -360,6 +360,24 @@ class Store(Queries):
             )
         raise StoreError(f"rpg's store supports SQLite, PostgreSQL and MySQL URLs, not {name!r}; change --db")
 
+    def run_history(self, run_id: str) -> tuple[dict[int, dict[str, float | None]], list[dict[str, Any]]]:
+        """Everything recorded for one run, for exporting it: {step: {key: value}} of its metrics (None
+        for NaN), and its eval rows as dicts (step, benchmark, metric, k, scorer, value, scorer_version)."""
+        import sqlalchemy as sa
+
+        m, e = self.t.metrics.c, self.t.evals.c
+        metrics: dict[int, dict[str, float | None]] = {}
+        with self.engine.connect() as conn:
+            for step, key, value in conn.execute(
+                sa.select(m.step, m.key, m.value).where(m.run_id == run_id).order_by(m.step, m.key)
+            ):
+                metrics.setdefault(step, {})[key] = value
+            evals = [dict(row) for row in conn.execute(
+                sa.select(e.step, e.benchmark, e.metric, e.k, e.scorer, e.value, e.scorer_version)
+                .where(e.run_id == run_id).order_by(e.step, e.benchmark, e.scorer, e.metric, e.k)
+            ).mappings()]
+        return metrics, evals
+
 
 def _run_record(row: Mapping[str, Any]) -> RunRecord:
     fields = dict(row)

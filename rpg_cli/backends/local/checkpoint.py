@@ -1,9 +1,9 @@
 """Checkpoints and the metrics log of a run directory, both safe to interrupt at any point.
 
     <run_dir>/checkpoints/step_N/   HF model + tokenizer (loadable by any HF tool) and trainer_state.pt
-                                    (optimizer, reference weights when they are not the initial model,
-                                    the data position); written to a temporary directory and renamed,
-                                    so a step_N directory is always complete.
+                                    (optimizer, reference weights when they are not the initial model and
+                                    the reset schedule's state, the data position); written to a temporary
+                                    directory and renamed, so a step_N directory is always complete.
     <run_dir>/metrics.jsonl         one line per step, {"step": N, "data": {...}}, flushed per line;
                                     on resume, lines after the checkpoint are dropped (that work is redone).
 """

@@ -8,10 +8,12 @@ from rpg_cli.backends.local.preflight import BackendError
 from rpg_cli.backends.local.rollout import Problem, encode_prompt
 
 
-def load_problems(files: list[str], tokenizer, max_prompt_length: int) -> list[Problem]:
+def load_problems(files: list[str], tokenizer, max_prompt_length: int, distinct: bool = False) -> list[Problem]:
     """Rows with `prompt` (chat messages), `reward_model.ground_truth` and `data_source`, as prepare-data writes.
 
     Prompts longer than max_prompt_length tokens are dropped, as verl's `filter_overlong_prompts` does.
+    `distinct`: a problem repeated in the files (same prompt, ground truth and data source; older evaluation
+    files hold 32 copies) is kept once, so validation samples val.n per problem as `rpg eval` does.
     """
     import pyarrow.parquet as pq
 
@@ -30,6 +32,8 @@ def load_problems(files: list[str], tokenizer, max_prompt_length: int) -> list[P
             ids = encode_prompt(tokenizer, list(messages))
             if len(ids) <= max_prompt_length:
                 problems.append(Problem(ids, str(reward["ground_truth"]), str(record["data_source"])))
+    if distinct:
+        problems = list({(tuple(p.prompt_ids), p.ground_truth, p.data_source): p for p in problems}.values())
     if not problems:
         raise BackendError(f"{', '.join(files)}: no prompt fits in {max_prompt_length} tokens; use a longer context")
     return problems

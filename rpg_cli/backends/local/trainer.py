@@ -1,20 +1,24 @@
 """The local backend's RL loop: one process, one device, the same spec and math as the verl backend.
 
-Per step: draw `train_batch_size` prompts, sample `rollout_n` responses each, score them with
-`rpg_cli.rewards`, (DAPO: drop groups whose scores are all equal and draw more, add the overlong
-penalty), take old log-probs (and reference log-probs unless the reference is pi_old itself), compute
+Per step: reset the reference to the current policy when `rpg_cli.spec.ReferenceTracker` says so
+(`reference: {every: K}` / `{kl_target: ...}`), draw `train_batch_size` prompts, sample `rollout_n`
+responses each, score them with `rpg_cli.rewards`, (dynamic sampling, any algorithm: draw `gen_batches`
+prompt batches per round, drop groups whose accuracy is the same for every response and draw more;
+overlong shaping: add the length penalty), take old log-probs (and reference log-probs unless the
+reference is pi_old itself: their KL feeds the tracker and the `ref/*` metrics), compute
 the spec's advantages, then `ppo_epochs` passes over mini-batches of `ppo_mini_batch_size` prompts,
-each one optimizer step on `policy_loss` with gradient clipping. Validation (k = val.n samples per
-problem) runs before training and every val.every steps; checkpoints every save_every steps and at the end.
+each one optimizer step on `policy_loss` (plus the spec's KL loss) with gradient clipping. Validation
+(k = val.n samples per distinct problem) runs before training and every val.every steps; checkpoints every
+save_every steps and at the end.
 
 Schedule-free AdamW keeps two weight sequences: the optimizer is in train mode (gradient point y) only
 inside the update; rollouts, old log-probs, validation and checkpoints use eval mode (the averaged x),
 so the policy that samples is the one that is saved. Dropout is off throughout (the module stays in
 `eval()`), as in verl's actor, so pi_theta equals pi_old at the first mini-batch.
 
-Determinism: every step reseeds torch from (seed, step) and draws its prompts from a pure function of
-the generation-batch counter, so a run resumed from step N's checkpoint repeats, on CPU, exactly what
-an uninterrupted run computes after step N.
+Determinism: the spec's seed seeds what the model's initialisation may draw, every step reseeds torch
+from (seed, step), and prompts come from a pure function of (seed, generation-batch counter), so a run
+resumed from step N's checkpoint repeats, on CPU, exactly what an uninterrupted run computes after step N.
 """
 
 from __future__ import annotations
@@ -28,12 +32,16 @@ from dataclasses import dataclass
 import torch
 
 from rpg_cli import rundir
-from rpg_cli.algorithms import aggregate, policy_loss
+from rpg_cli.algorithms import aggregate, kl_penalty_loss, policy_loss
 from rpg_cli.algorithms import advantages as adv
+from rpg_cli.algorithms.kl import reference_kl
 from rpg_cli.backends.local import checkpoint as ckpt
 from rpg_cli.backends.local.data import batch_indices, load_problems
 from rpg_cli.backends.local.preflight import BackendError, Plan
 from rpg_cli.backends.local.rollout import Problem, Rollouts, concat, eos_ids, generate, score_rollouts, token_log_probs
+from rpg_cli.trackers import TrackerError
+from rpg_cli.trackers.writers import open_run
+from rpg_cli.spec import Every, ReferenceTracker
 
 # Sequences per forward/backward chunk are bounded by this many tokens (gradient accumulation above it).
 MICRO_BATCH_TOKENS = 32_768
@@ -69,6 +77,7 @@ class Trainer:
             torch.set_num_threads(max(1, int(spec.resources.cpus)))
         resume = ckpt.latest_checkpoint(self.run_dir)
         source = str(resume[1]) if resume else spec.model
+        torch.manual_seed(step_seed(spec.seed, 0))  # weights a checkpoint lacks (a new head) start from the seed
         try:
             self.tokenizer = AutoTokenizer.from_pretrained(source, padding_side="left")
             self.model = AutoModelForCausalLM.from_pretrained(source, dtype=torch.float32).to(self.device)
@@ -80,10 +89,12 @@ class Trainer:
             self.tokenizer.pad_token = self.tokenizer.eos_token
         self.eos_ids = eos_ids(self.model, self.tokenizer)
         self.train_problems = load_problems(spec.data.train_files, self.tokenizer, spec.max_prompt_length)
-        self.val_problems = load_problems(spec.data.val_files, self.tokenizer, spec.max_prompt_length) if spec.data.val_files else []
+        self.val_problems = (load_problems(spec.data.val_files, self.tokenizer, spec.max_prompt_length, distinct=True)
+                             if spec.data.val_files else [])
         self.optimizer = make_optimizer(spec, self.model)
         self.ref_model = None
-        if spec.reference != "iterative":  # frozen, or every K: starts as the initial model
+        self.reference = ReferenceTracker(spec.reference)  # when pi_ref is reset, and the ref/* metrics
+        if spec.reference != "iterative":  # frozen, or reset now and then: starts as the initial model
             self.ref_model = AutoModelForCausalLM.from_pretrained(spec.model, dtype=torch.float32).to(self.device).eval()
             self.ref_model.requires_grad_(False)
         self.start_step, self.gen_batches = 1, 0
@@ -92,9 +103,18 @@ class Trainer:
             self.optimizer.load_state_dict(state["optimizer"])
             if state.get("ref") is not None:
                 self.ref_model.load_state_dict(state["ref"])
+            if state.get("reference") is not None:
+                self.reference.load_state_dict(state["reference"])
             self.start_step, self.gen_batches = state["step"] + 1, state["gen_batches"]
             log(f"resuming from {resume[1].name}: continuing at step {self.start_step}")
         self.metrics = ckpt.MetricsLog(rundir.metrics_path(self.run_dir), keep_through=resume[0] if resume else None)
+        self.trackers = open_run(spec, self.run_dir, resumed_after=resume[0] if resume else None)
+
+    def log_metrics(self, step: int, metrics: dict[str, float]) -> None:
+        """One step's line in metrics.jsonl, and the same values to the spec's trackers."""
+        self.metrics.write(step, metrics)
+        if self.trackers is not None:
+            self.trackers.log(step, metrics)
 
     # ------------------------------------------------------------------ the loop
 
@@ -102,7 +122,7 @@ class Trainer:
         spec = self.spec
         if self.start_step == 1 and self.val_problems:
             torch.manual_seed(step_seed(spec.seed, 0))
-            self.metrics.write(0, self.validate())
+            self.log_metrics(0, self.validate())
         last = spec.steps if stop_after is None else min(spec.steps, stop_after)
         for step in range(self.start_step, last + 1):
             started = time.perf_counter()
@@ -117,17 +137,19 @@ class Trainer:
             metrics["perf/time_per_step"] = metrics["timing_s/step"]
             metrics["perf/throughput"] = metrics["perf/total_num_tokens"] / metrics["timing_s/step"]
             # the line goes first: a crash before the checkpoint is renamed into place redoes the step
-            self.metrics.write(step, metrics)
+            self.log_metrics(step, metrics)
             if step % spec.save_every == 0 or step == spec.steps:
                 self.save(step)
             log(f"step {step}/{spec.steps} score {metrics['critic/score/mean']:+.3f} "
                 f"pg_loss {metrics['actor/pg_loss']:+.4f} {metrics['timing_s/step']:.2f}s"
                 + "".join(f" {k} {v:.3f}" for k, v in metrics.items() if k.startswith("val-core/")))
+        if self.trackers is not None:
+            self.trackers.close()
 
     def train_step(self, step: int) -> dict[str, float]:
         spec, timing = self.spec, {}
         self._eval_weights()
-        if hasattr(spec.reference, "every") and (step - 1) % spec.reference.every == 0:
+        if self.reference.begin_step(step) and self.ref_model is not None:
             self.ref_model.load_state_dict(self.model.state_dict())  # reset pi_ref to the current policy
         t = time.perf_counter()
         batch = self.sample_batch()
@@ -141,15 +163,18 @@ class Trainer:
             t = time.perf_counter()
             ref_log_prob = self.forward_log_probs(self.ref_model, r)
             timing["timing_s/ref"] = time.perf_counter() - t
+        # the step's KL to its reference (0 for the iterative one, pi_ref = pi_old): the KL trigger's input
+        self.reference.observe(0.0 if ref_log_prob is None else reference_kl(old_log_prob, ref_log_prob, r.response_mask))
         t = time.perf_counter()
         rewards = batch.rewards
         extra: dict[str, float] = {}
-        if spec.advantage_estimator == "reinforce_pp" and spec.beta and ref_log_prob is not None:
-            k1 = torch.where(r.response_mask.bool(), old_log_prob - ref_log_prob, torch.zeros_like(old_log_prob))
+        if spec.advantage_estimator in ("reinforce_pp", "reinforce_pp_baseline") and spec.beta and ref_log_prob is not None:
+            # KL in the reward (verl's use_kl_in_reward): R - beta * sum of the per-token k1 penalties
+            k1 = adv.reward_kl_penalty(old_log_prob, ref_log_prob, r.response_mask)
             extra["actor/reward_kl_penalty"] = float(k1.sum() / r.response_mask.sum())
             extra["actor/reward_kl_penalty_coeff"] = spec.beta
-            rewards = rewards - spec.beta * k1.sum(-1)
-        advantages = self.advantages(batch, old_log_prob, ref_log_prob)
+            rewards = rewards - spec.beta * k1.sum(-1).to(rewards.device)
+        advantages = self.advantages(batch, rewards, old_log_prob, ref_log_prob)
         timing["timing_s/adv"] = time.perf_counter() - t
         t = time.perf_counter()
         self._train_weights()
@@ -157,53 +182,59 @@ class Trainer:
         self._eval_weights()
         timing["timing_s/update_actor"] = time.perf_counter() - t
         return {**actor, **extra, **batch_metrics(batch, rewards, advantages, self.max_new_tokens(r)), **timing,
+                **self.reference.metrics(step),
                 "train/num_gen_batches": float(batch.gen_batches), "training/global_step": float(step),
                 "training/epoch": float(self.gen_batches * spec.train_batch_size // len(self.train_problems))}
 
     # ------------------------------------------------------------------ pieces of a step
 
     def sample_batch(self) -> Batch:
-        """Rollouts of the next prompt batch; with DAPO dynamic sampling, of enough informative groups."""
+        """Rollouts of the next prompt batch; with dynamic sampling, of enough informative groups."""
         spec = self.spec
-        dapo = spec.dapo
-        dynamic = dapo is not None and dapo.dynamic_sampling
+        sampling = spec.dynamic_sampling
+        per_round = sampling.gen_batches if sampling is not None else 1
         kept: list[tuple[Rollouts, torch.Tensor, torch.Tensor]] = []
         groups, generated = 0, 0
         while True:
-            problems = [self.train_problems[i] for i in
-                        batch_indices(self.gen_batches, spec.train_batch_size, len(self.train_problems), spec.seed)]
-            self.gen_batches += 1
+            problems = [self.train_problems[i] for b in range(self.gen_batches, self.gen_batches + per_round)
+                        for i in batch_indices(b, spec.train_batch_size, len(self.train_problems), spec.seed)]
+            self.gen_batches += per_round
             generated += 1
             r = self.rollout(problems, spec.rollout_n, spec.rollout.temperature, spec.rollout.top_p)
             scores, acc = score_rollouts(r, problems)
-            r.group = r.group + (generated - 1) * spec.train_batch_size  # unique across generation batches
-            if not dynamic:
+            r.group = r.group + (self.gen_batches - per_round) * spec.train_batch_size  # unique across rounds
+            if sampling is None:
                 kept.append((r, scores, acc))
                 break
-            keep = adv.dynamic_sampling_keep(scores, r.group).nonzero().squeeze(-1)
+            keep = adv.dynamic_sampling_keep(acc, r.group).nonzero().squeeze(-1)  # filter metric: raw accuracy
             if len(keep):
                 kept.append((r.select(keep), scores[keep], acc[keep]))
                 groups += len(keep) // spec.rollout_n
-            if groups >= spec.train_batch_size or (dapo.max_num_gen_batches and generated >= dapo.max_num_gen_batches):
+            if groups >= spec.train_batch_size or (sampling.max_num_gen_batches and generated >= sampling.max_num_gen_batches):
                 break
-        if not kept:  # every group uniform: train on the last batch as is (its group advantages are 0)
-            kept.append((r, scores, acc))
+        if not kept:  # every group uniform: train on the last round's first batch as is (group advantages 0)
+            first = torch.arange(spec.train_batch_size * spec.rollout_n)
+            kept.append((r.select(first), scores[first], acc[first]))
         r = concat([k[0] for k in kept], self.tokenizer.pad_token_id)
         scores, acc = torch.cat([k[1] for k in kept]), torch.cat([k[2] for k in kept])
-        if dynamic and len(r.texts) > spec.train_batch_size * spec.rollout_n:
+        if len(r.texts) > spec.train_batch_size * spec.rollout_n:
             first = torch.arange(spec.train_batch_size * spec.rollout_n)  # verl keeps the first full batch
             r, scores, acc = r.select(first), scores[first], acc[first]
         rewards = scores.clone()
-        if dapo is not None and dapo.overlong_buffer:
+        if spec.overlong is not None:
             budget = self.max_new_tokens(r)
             lengths = r.response_mask.sum(-1).cpu()
-            rewards = rewards + adv.overlong_penalty(lengths, budget, min(dapo.overlong_buffer, budget),
-                                                     dapo.overlong_penalty_factor)
+            rewards = rewards + adv.overlong_penalty(lengths, budget, min(spec.overlong.buffer, budget),
+                                                     spec.overlong.penalty_factor)
         return Batch(r, scores, acc, rewards, generated)
 
-    def advantages(self, batch: Batch, old_log_prob: torch.Tensor, ref_log_prob: torch.Tensor | None) -> torch.Tensor:
+    def advantages(self, batch: Batch, rewards: torch.Tensor, old_log_prob: torch.Tensor,
+                   ref_log_prob: torch.Tensor | None) -> torch.Tensor:
+        """The spec's advantages of `rewards` (REINFORCE++: the batch's rewards with the per-token k1 penalty
+        folded in along the response; the others: one reward per response, net of any KL penalty)."""
         spec, r = self.spec, batch.rollouts
-        rewards, mask, group = batch.rewards.to(self.device), r.response_mask, r.group
+        mask, group = r.response_mask, r.group
+        rewards = rewards.to(self.device)
         estimator = spec.advantage_estimator
         if estimator == "grpo":
             return adv.to_tokens(adv.grpo_advantage(rewards, group), mask)
@@ -211,7 +242,7 @@ class Trainer:
             return adv.to_tokens(adv.rpg_advantage(rewards, group), mask)
         if estimator == "reinforce_pp":
             ref = ref_log_prob if ref_log_prob is not None else old_log_prob
-            return adv.reinforce_pp_advantage(rewards, mask, old_log_prob, ref, spec.beta)
+            return adv.reinforce_pp_advantage(batch.rewards.to(self.device), mask, old_log_prob, ref, spec.beta)
         if estimator == "reinforce_pp_baseline":
             return adv.reinforce_pp_baseline_advantage(rewards, group, mask)
         raise BackendError(f"advantage estimator {estimator!r} is not supported by the local backend")
@@ -243,10 +274,17 @@ class Trainer:
                         ref_log_prob=None if ref_log_prob is None else ref_log_prob[micro], beta=spec.beta,
                         clip=clip is not None, eps_low=clip.eps_low if clip else 0.2,
                         eps_high=clip.eps_high if clip else 0.28, clip_c=clip.c if clip else 10.0,
-                        loss_agg_mode=spec.loss_agg_mode, clipped_weight=bool(clip and clip.clipped_weight_in_sg))
+                        loss_agg_mode=spec.loss_agg_mode, clipped_weight=bool(clip and clip.clipped_weight_in_sg),
+                        kl_clamp=spec.kl_clamp)
                     entropy_mean = aggregate(entropy, part.response_mask.bool(), spec.loss_agg_mode)
                     if spec.entropy_coeff:
                         loss = loss - spec.entropy_coeff * entropy_mean
+                    if spec.kl_loss is not None:  # toward the frozen model, or pi_old for the iterative reference
+                        reference = old_log_prob[micro] if ref_log_prob is None else ref_log_prob[micro]
+                        kl_value = kl_penalty_loss(spec.kl_loss.estimator, log_prob=log_prob, ref_log_prob=reference,
+                                                   response_mask=part.response_mask, loss_agg_mode=spec.loss_agg_mode)
+                        loss = loss + spec.kl_loss.coef * kl_value
+                        m["kl"] = float(kl_value.detach())
                     (loss * weight).backward()
                     record(sums, {"actor/pg_loss": m["pg_loss"], "actor/kl_loss": m.get("kl", 0.0),
                                   "actor/ppo_kl": m["ppo_kl"], "actor/pg_clipfrac": m["clipfrac"],
@@ -278,9 +316,10 @@ class Trainer:
 
     def save(self, step: int) -> None:
         self._eval_weights()
-        every = hasattr(self.spec.reference, "every")
+        resets = isinstance(self.spec.reference, Every)  # the reference may be neither the initial model nor the policy
         state = {"step": step, "gen_batches": self.gen_batches, "optimizer": self.optimizer.state_dict(),
-                 "ref": self.ref_model.state_dict() if every else None, "run_id": self.spec.run_id}
+                 "ref": self.ref_model.state_dict() if resets else None, "reference": self.reference.state_dict(),
+                 "run_id": self.spec.run_id}
         ckpt.save_checkpoint(self.run_dir, step, self.model, self.tokenizer, state)
 
     # ------------------------------------------------------------------ helpers
@@ -367,7 +406,7 @@ def main(spec_path: str, stop_after: int | None = None) -> int:
         log(f"{plan.spec.run_name}: {plan.spec.algorithm} ({plan.spec.loss_name}) on {plan.device}, "
             f"{len(trainer.train_problems)} training prompts, steps {trainer.start_step}..{plan.spec.steps}")
         trainer.fit(stop_after)
-    except BackendError as e:
+    except (BackendError, TrackerError) as e:
         print(f"rpg local backend: {e}", file=sys.stderr, flush=True)
         return 2
     return 0

@@ -16,7 +16,12 @@ from typing import TYPE_CHECKING, Any
 from rpg_cli import rundir
 from rpg_cli.backends.verl import diagnose
 from rpg_cli.inputs import Finding, check_run
-from rpg_cli.spec import SpecError
+from rpg_cli.spec import Every, SpecError, count_problems
+from rpg_cli.trackers import verl_env, verl_loggers
+
+# the spec's KL-loss estimators -> verl 0.9.1's kl_loss_type (core_algos.kl_penalty_forward), which
+# rpg_cli.algorithms.kl.kl_loss_term computes alike
+KL_LOSS_ESTIMATORS = {"k1": "kl", "k2": "mse", "k3": "low_var_kl"}
 
 if TYPE_CHECKING:
     from rpg_cli.spec import ExperimentSpec
@@ -25,6 +30,10 @@ PLUGIN_MODULE = "rpg_cli.backends.verl.plugin"
 POLICY_LOSS_CONFIG = f"{PLUGIN_MODULE}.RPGPolicyLossConfig"
 OPTIMIZER_MODULE = "rpg_cli.backends.verl.optim"
 REWARD_FUNCTION = "pkg://rpg_cli.rewards"  # verl's load_module imports `pkg://` paths as modules
+# rpg's verl trainer (reference.RPGTrainer, registered with verl's register_trainer) and its settings, where
+# verl keeps each trainer mode's own (trainer.v1.<mode>)
+RPG_TRAINER = "rpg"
+REFERENCE_SETTINGS = f"trainer.v1.{RPG_TRAINER}"
 
 # our advantage estimators -> verl 0.9.1's (rpg = GRPO's group mean without the std division)
 ADV_ESTIMATORS = {
@@ -35,6 +44,8 @@ ADV_ESTIMATORS = {
 }
 # REINFORCE++ folds its k1 penalty into the reward (MATH.md section 4): verl's use_kl_in_reward
 KL_IN_REWARD = ("reinforce_pp", "reinforce_pp_baseline")
+# losses that regularise toward a reference inside the policy loss (beta): the frozen one is verl's ref worker's
+KL_IN_LOSS = ("rpg", "rpg_reinforce", "grpo")
 
 
 def entrypoint(spec: ExperimentSpec, run_dir: Path) -> list[str]:
@@ -49,10 +60,12 @@ def resources(spec: ExperimentSpec) -> tuple[float, float]:
 
 
 def env(spec: ExperimentSpec, run_dir: Path) -> dict[str, str]:
-    """runtime_env env vars: the plugin for every verl process, metrics into the run directory."""
+    """runtime_env env vars: the plugin for every verl process, metrics into the run directory, and what
+    verl's tracking.py reads for the spec's trackers (W&B group/tags/id, TENSORBOARD_DIR, MLflow's URI)."""
     return {
         "VERL_USE_EXTERNAL_MODULES": PLUGIN_MODULE,
         "VERL_FILE_LOGGER_PATH": str(rundir.metrics_path(Path(run_dir).absolute())),
+        **verl_env(spec, run_dir),
     }
 
 
@@ -71,32 +84,26 @@ failure_reason = diagnose.failure_reason  # one line for a failed job, from the 
 
 def check(spec: ExperimentSpec) -> None:
     """Reject what verl 0.9.1 cannot run as specified (one-line SpecError with the field path)."""
-    if not isinstance(spec.reference, str):  # Every(K)
-        raise SpecError(
-            f"every: {spec.reference.every} needs the reference model reset to the actor every K steps, which "
-            "verl 0.9.1's ref worker cannot do; allowed with backend verl: iterative, frozen "
-            "(use backend local for every: K)",
-            "reference",
-        )
     if spec.rollout.engine != "vllm":
         raise SpecError(
             f"got {spec.rollout.engine!r}: verl 0.9.1 rolls out with vllm, sglang or trtllm servers only; "
             "allowed with backend verl: vllm (hf is the local backend's)",
             "rollout.engine",
         )
-    if spec.algorithm in KL_IN_REWARD and spec.beta > 0 and spec.reference != "frozen":
+    if spec.algorithm in KL_IN_REWARD and spec.beta > 0 and spec.reference == "iterative":
         raise SpecError(
             f"{spec.algorithm} folds beta * k1(pi_old/pi_ref) into the reward, which is 0 for the iterative "
-            "reference; allowed: reference frozen, or beta 0",
+            "reference; allowed: reference frozen, every or kl_target, or beta 0",
             "reference",
         )
-    if spec.dapo is not None and spec.dapo.overlong_buffer is not None:
-        if spec.dapo.overlong_buffer > spec.max_response_length:
-            raise SpecError(
-                f"{spec.dapo.overlong_buffer} exceeds the {spec.context} response length "
-                f"{spec.max_response_length}; allowed: 1..{spec.max_response_length}",
-                "dapo.overlong_buffer",
-            )
+    if spec.overlong is not None and spec.overlong.buffer > spec.max_response_length:
+        raise SpecError(
+            f"{spec.overlong.buffer} exceeds the {spec.context} response length {spec.max_response_length}; "
+            f"allowed: 1..{spec.max_response_length}",
+            "overlong.buffer",
+        )
+    for name in spec.data.val_files:
+        _check_one_row_per_problem(name, spec.val.n)
     if spec.resources.gpus_per_node < 1:
         raise SpecError("verl trains on GPUs; allowed with backend verl: >= 1 (use backend local on CPUs)",
                         "resources.gpus_per_node")
@@ -110,13 +117,36 @@ def check(spec: ExperimentSpec) -> None:
         )
 
 
+def _check_one_row_per_problem(name: str, n: int) -> None:
+    """verl samples val_kwargs.n responses for every row of a validation file and groups them by row: a file
+    holding each problem k times (the paper's files, older prepare-data output) would generate k times the
+    samples and split each problem's into k groups of n (so best@n/maj@n would not be the problem's). An
+    error, not a warning: the fix takes seconds, the waste a GPU node for hours. Files that are not local
+    (or too big to read at plan time) are not checked."""
+    count = count_problems(name)
+    if count is None or count.rows == count.problems:
+        return
+    raise SpecError(
+        f"{name} holds {count.rows:,} rows for {count.problems:,} distinct problems; verl samples val.n = {n} per "
+        f"row, {count.rows * n:,} responses per validation instead of {count.problems * n:,}; allowed: one row per "
+        f"problem (rewrite it with `rpg prepare-data PRESET={name}` or `--input {name}`; val.n sets the samples)",
+        "data.val_files",
+    )
+
+
 def overrides(spec: ExperimentSpec, run_dir: Path) -> list[str]:
     """`key=value` Hydra overrides of verl's ppo_trainer config for this spec (`+key` adds a new key)."""
     check(spec)
     run_dir = Path(run_dir).absolute()
     prompt_len, response_len = spec.max_prompt_length, spec.max_response_length
-    frozen = spec.reference == "frozen"
+    separate_reference = spec.reference != "iterative"  # frozen, or reset now and then: verl's ref worker
     kl_in_reward = spec.algorithm in KL_IN_REWARD and spec.beta > 0
+    # our loss reads verl's ref_log_prob (a separate reference); the iterative one is pi_old, no model at all
+    loss_uses_reference = separate_reference and spec.algorithm in KL_IN_LOSS and spec.beta > 0
+    kl_loss = spec.kl_loss
+    # verl starts its ref worker only for a KL in the reward or a KL loss: a weight-0 KL loss starts it where
+    # only our loss or the reset schedule (whose KL trigger reads ref_log_prob) needs it
+    needs_ref_worker = loss_uses_reference or (isinstance(spec.reference, Every) and not kl_in_reward)
     adv_estimator, norm_by_std = ADV_ESTIMATORS[spec.advantage_estimator]
     gpus = spec.resources.gpus_per_node
     clip = spec.clip
@@ -137,7 +167,8 @@ def overrides(spec: ExperimentSpec, run_dir: Path) -> list[str]:
         "data.train_batch_size": spec.train_batch_size,
         "data.filter_overlong_prompts": True,
         "data.truncation": "error",
-        "data.seed": spec.seed,
+        "data.shuffle": True,
+        "data.seed": spec.seed,  # the shuffle's generator
         # model
         "actor_rollout_ref.model.path": _model_path(spec.model),
         "actor_rollout_ref.model.use_remove_padding": True,
@@ -148,6 +179,7 @@ def overrides(spec: ExperimentSpec, run_dir: Path) -> list[str]:
         f"{actor}.use_dynamic_bsz": True,
         f"{actor}.ppo_max_token_len_per_gpu": tokens_per_gpu,
         f"{actor}.data_loader_seed": spec.seed,
+        f"{actor}.fsdp_config.seed": spec.seed,
         f"{actor}.optim.lr": spec.lr,
         f"{actor}.optim.lr_warmup_steps": spec.lr_warmup_steps,
         f"{actor}.optim.lr_scheduler_type": "constant",
@@ -163,12 +195,15 @@ def overrides(spec: ExperimentSpec, run_dir: Path) -> list[str]:
         f"{actor}.policy_loss.loss_mode": spec.loss_name,
         f"+{actor}.policy_loss.beta": spec.beta,
         f"+{actor}.policy_loss.clip": clip is not None,
-        f"+{actor}.policy_loss.use_reference": frozen and not kl_in_reward,
+        f"+{actor}.policy_loss.use_reference": loss_uses_reference,
         f"+{actor}.policy_loss.clipped_weight": clip is not None and clip.clipped_weight_in_sg,
-        # the frozen reference comes from verl's ref worker, which verl starts only with a KL loss on;
-        # that loss gets weight 0 because the KL lives inside our policy loss
-        f"{actor}.use_kl_loss": frozen and not kl_in_reward,
-        f"{actor}.kl_loss_coef": 0.0,
+        f"+{actor}.policy_loss.kl_clamp": spec.kl_clamp,
+        # verl's own KL loss: the spec's kl_loss (its reference: verl's ref worker when separate, pi_old handed in
+        # by the plugin when iterative, which needs no ref worker); else off, or weight 0 (needs_ref_worker)
+        f"{actor}.use_kl_loss": separate_reference and (kl_loss is not None or needs_ref_worker),
+        f"{actor}.kl_loss_coef": kl_loss.coef if kl_loss is not None else 0.0,
+        f"{actor}.kl_loss_type": KL_LOSS_ESTIMATORS[kl_loss.estimator] if kl_loss is not None else "low_var_kl",
+        f"+{actor}.policy_loss.kl_loss_to_old": kl_loss is not None and spec.reference == "iterative",
         f"{actor}.checkpoint.save_contents": ["model", "optimizer", "extra", "hf_model"],
         # rollout (vLLM) and validation sampling
         f"{rollout}.name": spec.rollout.engine,
@@ -202,38 +237,61 @@ def overrides(spec: ExperimentSpec, run_dir: Path) -> list[str]:
         "trainer.save_freq": spec.save_every,
         "trainer.default_local_dir": str(rundir.checkpoints_dir(run_dir)),
         "trainer.resume_mode": "auto",
-        "trainer.logger": ["console", "file"],
-        "trainer.project_name": "rpg",
+        "trainer.logger": ["console", "file", *verl_loggers(spec)],  # `file` is what rpg ingests
+        "trainer.project_name": spec.trackers.project if spec.trackers else "rpg",
         "trainer.experiment_name": spec.run_name,
     }
     if spec.optimizer == "schedule_free":
         values[f"{actor}.optim.optimizer"] = "AdamWScheduleFree"
         values[f"{actor}.optim.optimizer_impl"] = OPTIMIZER_MODULE
-    if spec.dapo is not None:
-        values.update(_dapo(spec))
+    values.update(_tricks(spec))
+    values.update(reference_overrides(spec))
     # also in ray.init's runtime_env: verl passes its own to ray.init, and its workers must load the plugin
     for key, value in env(spec, run_dir).items():
         values[f"+ray_kwargs.ray_init.runtime_env.env_vars.{key}"] = value
     return [f"{key}={_hydra_value(value)}" for key, value in values.items()]
 
 
-def _dapo(spec: ExperimentSpec) -> dict[str, Any]:
-    """DAPO's dynamic sampling (verl's filter_groups) and overlong shaping (verl's `dapo` reward manager)."""
-    dapo = spec.dapo
-    assert dapo is not None
-    values: dict[str, Any] = {
-        "algorithm.filter_groups.enable": dapo.dynamic_sampling,
-        "algorithm.filter_groups.metric": "acc",  # rpg_cli.rewards' correctness, before any length penalty
-        # verl 0.9.1's V1 sampler warns and ignores this (it refills until the batch is full); kept for the record
-        "algorithm.filter_groups.max_num_gen_batches": dapo.max_num_gen_batches,
+def reference_overrides(spec: ExperimentSpec) -> dict[str, Any]:
+    """rpg's trainer (`reference.RPGTrainer`, which resets the reference and logs `ref/*`) and its schedule."""
+    reference = spec.reference
+    schedule = None if isinstance(reference, str) else reference
+    return {
+        "trainer.v1.trainer_mode": RPG_TRAINER,
+        f"+{REFERENCE_SETTINGS}.reference": reference if isinstance(reference, str) else "reset",
+        f"+{REFERENCE_SETTINGS}.every": schedule.every if schedule else None,
+        f"+{REFERENCE_SETTINGS}.kl_target": schedule.kl_target if schedule else None,
+        f"+{REFERENCE_SETTINGS}.kl_ema": schedule.ema if schedule else None,
     }
-    if dapo.overlong_buffer is not None:
+
+
+def reference_from_config(config: Any) -> str | Every:
+    """The spec's `reference` back from a composed verl config (what `reference_overrides` wrote)."""
+    settings = config.trainer.v1[RPG_TRAINER]
+    if settings.reference != "reset":
+        return str(settings.reference)
+    return Every(every=settings.every, kl_target=settings.kl_target, ema=settings.kl_ema)
+
+
+def _tricks(spec: ExperimentSpec) -> dict[str, Any]:
+    """DAPO's dynamic sampling (verl's filter_groups) and overlong shaping (verl's `dapo` reward manager),
+    on any algorithm; both off when the spec does not ask for them."""
+    values: dict[str, Any] = {"algorithm.filter_groups.enable": spec.dynamic_sampling is not None}
+    if spec.dynamic_sampling is not None:
+        values.update({
+            "algorithm.filter_groups.metric": "acc",  # rpg_cli.rewards' correctness, before any length penalty
+            # prompt batches in flight at once, in train_batch_size units: the scripts' generation batch of 3 x 512
+            "algorithm.filter_groups.max_inflight_gen_batches": spec.dynamic_sampling.gen_batches,
+            # verl 0.9.1's V1 sampler warns and ignores this (it refills until the batch is full); kept for the record
+            "algorithm.filter_groups.max_num_gen_batches": spec.dynamic_sampling.max_num_gen_batches,
+        })
+    if spec.overlong is not None:
         shaping = "+reward.reward_kwargs.overlong_buffer_cfg"
         values.update({
             "reward.reward_manager.name": "dapo",
             f"{shaping}.enable": True,
-            f"{shaping}.len": dapo.overlong_buffer,
-            f"{shaping}.penalty_factor": dapo.overlong_penalty_factor,
+            f"{shaping}.len": spec.overlong.buffer,
+            f"{shaping}.penalty_factor": spec.overlong.penalty_factor,
             f"{shaping}.log": True,
             "+reward.reward_kwargs.max_resp_len": spec.max_response_length,
         })

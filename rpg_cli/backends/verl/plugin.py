@@ -12,10 +12,17 @@ verl logs entry-point failures only at debug level). Importing it:
   `ref_log_prob`: the wrapper hands the batch's padded ref_log_prob to our loss for the duration of
   the call (a context variable, set and reset around verl's own ppo_loss, which stays in charge of
   entropy, the KL loss and metrics).
+- gives verl's own KL loss (`use_kl_loss`, `kl_loss_type`, `kl_loss_coef`) pi_old as its reference when
+  `policy_loss.kl_loss_to_old` is set: the iterative reference of REINFORCE++ as the paper's scripts ran
+  it. verl's ref worker always holds the frozen initial model, so the run leaves `use_kl_loss` off (no ref
+  worker, no reference forward pass) and the wrapper turns it on for the loss with old_log_probs in the
+  place of ref_log_prob; verl's kl_penalty and agg_loss compute the term as for a frozen reference.
+- imports `reference`, which registers rpg's trainer (the iterative reference) with verl.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import sys
 from contextvars import ContextVar
 from dataclasses import dataclass
@@ -39,13 +46,16 @@ class RPGPolicyLossConfig(PolicyLossConfig):
 
     beta: KL coefficient inside the loss. clip: RPG-Style/dual clip on (eps and c: the actor's
     clip_ratio_low, clip_ratio_high, clip_ratio_c). use_reference: regularise toward verl's frozen ref
-    model (its ref_log_prob) instead of pi_old, the paper's iterative reference.
+    model (its ref_log_prob) instead of pi_old, the paper's iterative reference. kl_loss_to_old: verl's
+    KL loss (actor.kl_loss_*) toward pi_old instead of the ref worker's model.
     """
 
     beta: float = 0.0
     clip: bool = True
     use_reference: bool = False
-    clipped_weight: bool = False  # Remark F.2 (rpg_reinforce_* only): clip(w) replaces w inside SG
+    clipped_weight: bool = False  # Remark F.2 (rpg_reinforce_* only): clip(w) replaces w and log w inside SG
+    kl_clamp: bool = True  # grpo, grpo_corrected: k3 as verl's clamped low_var_kl
+    kl_loss_to_old: bool = False
 
     def __post_init__(self):
         if self.loss_mode in LOSS_NAMES and self.beta < 0:
@@ -92,6 +102,7 @@ def rpg_policy_loss(
         clip_c=config.clip_ratio_c,
         loss_agg_mode=loss_agg_mode,
         clipped_weight=getattr(settings, "clipped_weight", False),
+        kl_clamp=getattr(settings, "kl_clamp", True),
     )
     loss = loss * global_batch_scale(loss_agg_mode, response_mask, getattr(config, "global_batch_info", None) or {})
     return loss, _verl_metrics(metrics)
@@ -152,6 +163,10 @@ def wrap_ppo_loss(verl_ppo_loss):
     def ppo_loss(config, model_output, data, dp_group=None):
         reference = None
         settings = config.policy_loss
+        if isinstance(settings, RPGPolicyLossConfig) and settings.kl_loss_to_old:
+            data = data.copy()  # shallow: the caller's micro-batch keeps its keys
+            data["ref_log_prob"] = data["old_log_probs"]
+            config = dataclasses.replace(config, use_kl_loss=True)
         if isinstance(settings, RPGPolicyLossConfig) and settings.use_reference and "ref_log_prob" in data.keys():
             # the same padded layout verl's ppo_loss gives old_log_probs
             reference = data.select("ref_log_prob").to_padded_tensor()["ref_log_prob"]
@@ -188,3 +203,6 @@ def registered_names() -> list[str]:
 for _name in LOSS_NAMES:
     _register(_name)
 _install_ppo_loss_wrapper()
+
+# rpg's trainer and worker for the iterative reference (registered with verl's register_trainer on import)
+from rpg_cli.backends.verl import reference  # noqa: E402, F401

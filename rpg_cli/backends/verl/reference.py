@@ -1,0 +1,227 @@
+"""The paper's iterative reference on verl 0.9.1: pi_ref <- pi_theta inside verl's own workers, no fork.
+
+verl 0.9.1's `main_ppo` runs `TaskRunnerV1`, which builds the trainer registered (verl's `register_trainer`)
+under `trainer.v1.trainer_mode`; that trainer starts one `engine_workers.ActorRolloutRefWorker` per GPU with
+the role actor_rollout_ref, holding the actor and the reference as two FSDP training engines in one process,
+on the same device mesh. verl cannot change its reference after start. rpg adds, through those extension
+points (the overrides select them: `trainer.v1.trainer_mode=rpg`, see `launch.reference_overrides`):
+
+- `RPGActorRolloutRefWorker`, verl's worker plus three methods registered with verl's dispatch decorator
+  (ONE_TO_ALL: every rank runs them): `reset_reference` copies this rank's shard of every actor parameter into
+  the matching shard of the reference engine, in place (both engines wrap and shard the model alike, so shard
+  i of the actor is shard i of the reference: nothing is gathered, nothing goes through disk);
+  `save_reference` / `load_reference` write and read those shards next to verl's checkpoint.
+- `RPGTrainer`, verl's synchronous trainer (`PPOTrainerSync`, registered as `rpg`) that starts the worker above
+  and runs the schedule of `rpg_cli.spec.ReferenceTracker`: `on_step_begin` resets the reference when the
+  schedule says so, before the step's reference log-probs; right after them, the step's KL to the reference
+  (`rpg_cli.algorithms.kl.reference_kl` of old_log_probs and ref_log_prob) feeds the KL trigger; `ref/resets`,
+  `ref/steps_since_reset`, `ref/kl`, `ref/kl_ema` go to metrics.jsonl with the step's other metrics.
+
+Resume: a checkpoint (`global_step_N/`) also holds the schedule's state (`rpg_reference.json`) and, once the
+reference has been reset (so it is neither the initial model nor the current one), its weights
+(`reference/`, one shard file per rank, like verl's own model shards); `_load_checkpoint` restores both, so
+a resumed run continues with the reference it had. This needs the same number of GPUs as the run that
+saved, which verl's own sharded checkpoints need too.
+
+The copy assumes the actor and reference engines shard alike: verl's defaults (`ref.strategy` and the ref's
+fsdp settings follow the actor's). If they differ, `reset_reference` stops the run with the first mismatch.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+
+import ray
+import torch
+import transfer_queue as tq
+from omegaconf import open_dict
+from torch.distributed.tensor import DTensor
+from verl.single_controller.base.decorator import Dispatch, register
+from verl.trainer.ppo.v1.trainer_base import register_trainer
+from verl.trainer.ppo.v1.trainer_sync import PPOTrainerSync
+from verl.utils.debug import marked_timer
+from verl.workers.engine_workers import ActorRolloutRefWorker
+
+from rpg_cli.algorithms.kl import reference_kl
+from rpg_cli.backends.verl.launch import RPG_TRAINER, reference_from_config
+from rpg_cli.spec import Every, ReferenceTracker
+
+logger = logging.getLogger(__name__)
+
+REFERENCE_DIR = "reference"  # in global_step_N/: the reference's shards, when it has been reset
+REFERENCE_STATE = "rpg_reference.json"  # in global_step_N/: ReferenceTracker.state_dict()
+
+
+# ---------------------------------------------------------------- the worker
+
+
+def local_shard(param: torch.Tensor) -> torch.Tensor:
+    """This rank's part of a parameter, where it is kept: FSDP2's DTensor local tensor; FSDP1's flat
+    parameter `_local_shard` (with CPU offload a pinned copy that the forward reads, not `.data`, until
+    FSDP's first forward makes them one); a plain parameter's data. Writing into it changes the parameter."""
+    if isinstance(param, DTensor):
+        return param.to_local()
+    return getattr(param, "_local_shard", param.data)
+
+
+def shards(module: torch.nn.Module) -> dict[str, torch.Tensor]:
+    """This rank's shard of every parameter, by parameter name."""
+    return {name: local_shard(param) for name, param in module.named_parameters()}
+
+
+@torch.no_grad()
+def copy_shards(source: dict[str, torch.Tensor], target: torch.nn.Module) -> int:
+    """Copy shards (`shards` of a module sharded like `target`) into `target`'s own, in place, on any device
+    or dtype; returns the number of elements copied. Raises if they are not sharded alike."""
+    targets = shards(target)
+    if source.keys() != targets.keys():
+        differ = sorted(source.keys() ^ targets.keys())[:3]
+        raise RuntimeError(f"the reference engine is not wrapped like the actor (parameters differ: {differ}); "
+                           "give actor_rollout_ref.ref the actor's strategy and fsdp settings")
+    copied = 0
+    for name, dst in targets.items():
+        src = source[name]
+        if src.shape != dst.shape:
+            raise RuntimeError(f"{name}: the actor's shard has shape {tuple(src.shape)} and the reference's "
+                               f"{tuple(dst.shape)}; give actor_rollout_ref.ref the actor's strategy and fsdp settings")
+        dst.copy_(src)
+        copied += dst.numel()
+    return copied
+
+
+def _shard_file(local_path: str) -> str:
+    rank, world = torch.distributed.get_rank(), torch.distributed.get_world_size()
+    return os.path.join(local_path, f"model_world_size_{world}_rank_{rank}.pt")  # verl's naming of model shards
+
+
+class RPGActorRolloutRefWorker(ActorRolloutRefWorker):
+    """verl's actor/rollout/ref worker with the reference reset (module doc)."""
+
+    def _engines(self) -> tuple[torch.nn.Module, torch.nn.Module]:
+        if self.actor is None or self.ref is None:
+            raise RuntimeError(f"resetting the reference needs the actor and the reference in one worker "
+                               f"(role actor_rollout_ref), got role {self.role}")
+        return self.actor.engine.module, self.ref.engine.module
+
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    def reset_reference(self) -> int:
+        """pi_ref <- pi_theta on this rank: the actor's parameter shards into the reference's."""
+        actor, ref = self._engines()
+        return copy_shards(shards(actor), ref)
+
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    def save_reference(self, local_path: str) -> None:
+        """Write this rank's reference shards to `local_path` (written whole, then renamed into place)."""
+        _, ref = self._engines()
+        os.makedirs(local_path, exist_ok=True)
+        path = _shard_file(local_path)
+        torch.save({name: shard.detach().to("cpu", copy=True) for name, shard in shards(ref).items()}, path + ".tmp")
+        os.replace(path + ".tmp", path)
+
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    def load_reference(self, local_path: str) -> None:
+        """Read this rank's reference shards written by `save_reference` back into the reference engine."""
+        _, ref = self._engines()
+        copy_shards(torch.load(_shard_file(local_path), map_location="cpu", weights_only=True), ref)
+
+
+# ---------------------------------------------------------------- the trainer
+
+
+def batch_reference_kl(data) -> float:
+    """`reference_kl` of a batch as verl's TransferQueue holds it (jagged old_log_probs, ref_log_prob,
+    response_mask); padding rows verl adds for balance have an all-zero mask and do not count."""
+    padded = data.select("old_log_probs", "ref_log_prob", "response_mask").to_padded_tensor()
+    return float(reference_kl(padded["old_log_probs"], padded["ref_log_prob"], padded["response_mask"]))
+
+
+@register_trainer(RPG_TRAINER)
+class RPGTrainer(PPOTrainerSync):
+    """verl's synchronous PPO trainer with the paper's iterative reference (module doc)."""
+
+    def __init__(self, config):
+        self.reference = ReferenceTracker(reference_from_config(config))
+        # verl branches on the mode's name (replay buffer, refill, checkpoints): this trainer is its "sync"
+        with open_dict(config):
+            config.trainer.v1.trainer_mode = "sync"
+        super().__init__(config)
+
+    def _init_resource_pool_mgr(self):
+        super()._init_resource_pool_mgr()
+        for role, worker in list(self.role_worker_mapping.items()):
+            if getattr(worker, "__ray_actor_class__", worker) is ActorRolloutRefWorker:
+                self.role_worker_mapping[role] = ray.remote(RPGActorRolloutRefWorker)
+
+    def _setup(self):
+        super()._setup()
+        resets = isinstance(self.reference.reference, Every)
+        if resets and not self.use_reference_policy:
+            raise ValueError("the reference schedule needs verl's ref worker: set actor_rollout_ref.actor.use_kl_loss"
+                             "=true (rpg's overrides do)")
+        if resets and (self.ref_in_actor or self.ref_policy_wg is not self.actor_rollout_wg):
+            raise ValueError("resetting the reference needs the actor and the reference in one worker (no LoRA, "
+                             "actor_rollout_ref role)")
+
+    # -- the schedule ----------------------------------------------------------------------
+
+    def on_step_begin(self):
+        super().on_step_begin()
+        # before this step's reference log-probs; with no ref worker (iterative) pi_ref is pi_old anyway
+        if self.reference.begin_step(self.global_steps) and self.use_reference_policy:
+            with marked_timer("reset_reference", self.timing_raw, color="olive"):
+                self.ref_policy_wg.reset_reference()
+
+    def _compute_ref_log_prob(self, batch, metrics: dict):
+        batch = super()._compute_ref_log_prob(batch, metrics)
+        data = tq.kv_batch_get(keys=batch.keys, partition_id=batch.partition_id,
+                               select_fields=["old_log_probs", "ref_log_prob", "response_mask"])
+        self.reference.observe(batch_reference_kl(data))
+        return batch
+
+    def _compute_metrics(self, batch, metrics, timing_raw, global_steps, epoch):
+        super()._compute_metrics(batch, metrics, timing_raw, global_steps, epoch)
+        if self.use_reference_policy or self.reference.reference == "iterative":  # else a frozen reference that
+            # nothing reads: verl starts no worker for it, and its KL is not measured
+            metrics.update(self.reference.metrics(global_steps))
+
+    # -- resume ----------------------------------------------------------------------------
+
+    def _save_checkpoint(self):
+        # before verl's save, which writes the latest-checkpoint marker last: a crash in between leaves the
+        # previous checkpoint the latest
+        folder = os.path.join(self.config.trainer.default_local_dir, f"global_step_{self.global_steps}")
+        os.makedirs(folder, exist_ok=True)
+        if self.reference.resets and self.use_reference_policy:
+            self.ref_policy_wg.save_reference(os.path.join(folder, REFERENCE_DIR))
+        with open(os.path.join(folder, REFERENCE_STATE), "w", encoding="utf-8") as handle:
+            json.dump(self.reference.state_dict(), handle)
+        super()._save_checkpoint()
+
+    def _load_checkpoint(self):
+        super()._load_checkpoint()
+        if self.global_steps == 0:
+            return  # trained from scratch
+        folder = self._resumed_folder()
+        state = os.path.join(folder, REFERENCE_STATE)
+        if os.path.exists(state):
+            with open(state, encoding="utf-8") as handle:
+                self.reference.load_state_dict(json.load(handle))
+            if self.reference.resets and self.use_reference_policy:
+                self.ref_policy_wg.load_reference(os.path.join(folder, REFERENCE_DIR))
+        elif isinstance(self.reference.reference, Every):
+            # a checkpoint without rpg's state: the reference restarts from the resumed policy
+            logger.warning("%s has no %s: the reference is reset to the resumed policy", folder, REFERENCE_STATE)
+            self.reference.load_state_dict({"resets": 1, "born": self.global_steps + 1, "ema": 0.0, "kl": 0.0})
+            if self.use_reference_policy:
+                self.ref_policy_wg.reset_reference()
+
+    def _resumed_folder(self) -> str:
+        """The global_step_N folder verl's `_load_checkpoint` resumed from (the same rules)."""
+        trainer = self.config.trainer
+        if trainer.resume_mode == "resume_path":
+            folder = trainer.resume_from_path
+        else:
+            folder = os.path.join(trainer.default_local_dir, f"global_step_{self.global_steps}")
+        return folder if os.path.isabs(folder) else os.path.join(os.getcwd(), folder)

@@ -1,0 +1,187 @@
+"""`rpg export --to wandb|tensorboard|mlflow`: what the results store holds, pushed to a tracker, for
+runs that were not tracked live (a cluster without internet access, a tracker added afterwards).
+
+Per run: every metric at its step under metrics.jsonl's (verl's) names, the evals at their checkpoint
+steps (`eval_metrics`), the spec as config, and the group and tags a live run gets (the sweep's varying
+fields are computed over the sweep's runs in the store). Settings: the options given, else the run's
+own `trackers` block, else the defaults of a live run (rpg_cli.trackers.resolve).
+
+Exporting twice creates no duplicates: W&B resumes the run's id (`rpg-<run id>`) and logs only steps
+after the ones it has (offline: the new offline run directory replaces the earlier export's), MLflow
+finds the run by its `rpg.run_id` tag and logs only (metric, step) pairs it lacks, TensorBoard's log
+dir is written aside and swapped in whole.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import shutil
+import uuid
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from rpg_cli.spec import TRACKER_NAMES, MlflowTracker, TensorBoardTracker, Trackers, WandbTracker
+from rpg_cli.trackers import RunInfo, TrackerError, axis_tags, require, run_info, wandb_run_id
+
+if TYPE_CHECKING:
+    from rpg_cli.store import RunRecord, Store
+
+# Evals the store copied from the run's own validation metrics: exported already under their metric names.
+SKIPPED_SCORERS = ("verl-val",)
+
+
+@dataclass(frozen=True)
+class ExportOptions:
+    project: str | None = None  # W&B project / MLflow experiment
+    directory: Path | None = None  # TensorBoard log root; W&B's files dir (<dir>/wandb/)
+    tracking_uri: str | None = None  # MLflow
+    entity: str | None = None  # W&B
+    offline: bool = False  # W&B offline (`wandb sync` uploads it later)
+
+
+@dataclass(frozen=True)
+class Exported:
+    sweep: str
+    name: str
+    steps: int  # steps written (0: the run has nothing recorded, skipped)
+    where: str
+
+
+def eval_metrics(rows: Iterable[Mapping[str, Any]]) -> dict[int, dict[str, float]]:
+    """Eval rows of the store as tracker metrics: {checkpoint step: {`eval/<benchmark>/<scorer>/<metric@k>`: value}}.
+
+    The one place eval rows become tracker values: interval bounds (e.g. `<key>/ci_low`, `<key>/ci_high`)
+    belong here once the store holds them.
+    """
+    out: dict[int, dict[str, float]] = {}
+    for row in rows:
+        if row["scorer"] in SKIPPED_SCORERS:
+            continue
+        metric = str(row["metric"]).replace("@k", f"@{row['k']}")
+        value = math.nan if row["value"] is None else float(row["value"])
+        out.setdefault(int(row["step"]), {})[f"eval/{row['benchmark']}/{row['scorer']}/{metric}"] = value
+    return out
+
+
+def eval_summary(rows: Iterable[Mapping[str, Any]]) -> dict[str, float]:
+    """Each eval metric at its last checkpoint: a tracker's run summary."""
+    summary: dict[str, float] = {}
+    for _, values in sorted(eval_metrics(rows).items()):
+        summary.update(values)
+    return summary
+
+
+def history(metrics: Mapping[int, Mapping[str, float | None]], evals: list[Mapping[str, Any]]) -> dict[int, dict[str, float]]:
+    """{step: {key: value}}: the run's metrics (NULL, the store's NaN, back to NaN) and its evals."""
+    steps: dict[int, dict[str, float]] = {}
+    for step, values in metrics.items():
+        steps[step] = {k: math.nan if v is None else float(v) for k, v in values.items()}
+    for step, values in eval_metrics(evals).items():
+        steps.setdefault(step, {}).update(values)
+    return dict(sorted(steps.items()))
+
+
+def settings(to: str, run: RunRecord, options: ExportOptions) -> Trackers:
+    """The run's own trackers block (if it was tracked live) with `to` switched on and the options applied."""
+    base = Trackers.model_validate(run.spec.get("trackers") or {})
+    own = getattr(base, to)
+    if to == "wandb":
+        own = WandbTracker(entity=options.entity or (own.entity if own else None),
+                           mode="offline" if options.offline else (own.mode if own else None))
+    elif to == "tensorboard":
+        own = TensorBoardTracker(dir=str(options.directory) if options.directory else (own.dir if own else None))
+    else:
+        try:
+            own = MlflowTracker(tracking_uri=options.tracking_uri or (own.tracking_uri if own else None))
+        except ValueError as e:  # pydantic's ValidationError: credentials in the URI
+            raise TrackerError(f"--tracking-uri: {e.errors()[0]['ctx']['error']}") from None
+    return base.model_copy(update={to: own, **({"project": options.project} if options.project else {})})
+
+
+def export(store: Store, to: str, sweep: str | None = None, options: ExportOptions = ExportOptions(),
+           on_run: Callable[[Exported], None] | None = None) -> list[Exported]:
+    """Export the runs of `sweep` (all runs when None) to tracker `to`; returns one Exported per run."""
+    if to not in TRACKER_NAMES:
+        raise TrackerError(f"unknown tracker {to!r}; allowed: {', '.join(TRACKER_NAMES)}")
+    runs = store.runs(sweep=sweep)
+    if not runs:
+        where = f"of sweep {sweep!r} " if sweep else ""
+        raise TrackerError(f"no runs {where}in the store; `rpg runs` lists what it holds")
+    require(settings(to, runs[0], options))
+    by_sweep: dict[str, list[RunRecord]] = {}
+    for run in runs:
+        by_sweep.setdefault(run.sweep, []).append(run)
+    done = []
+    for sweep_name, group in by_sweep.items():
+        members = group if sweep is not None else store.runs(sweep=sweep_name)
+        axes = dict(zip([r.id for r in members], axis_tags([r.spec for r in members])))
+        for run in group:
+            info = run_info(run.spec, run.id, run.name, run.sweep, run.run_dir, settings(to, run, options),
+                            axes.get(run.id, []))
+            metrics, evals = store.run_history(run.id)
+            result = _export_run(to, info, history(metrics, evals), eval_summary(evals), options)
+            done.append(result)
+            if on_run is not None:
+                on_run(result)
+    return done
+
+
+def _export_run(to: str, info: RunInfo, steps: dict[int, dict[str, float]], summary: dict[str, float],
+                options: ExportOptions) -> Exported:
+    from rpg_cli.trackers.writers import TensorBoardWriter, _safe, open_writer
+
+    if not steps:
+        return Exported(info.sweep, info.name, 0, "nothing recorded; skipped")
+    if to == "tensorboard":
+        final = info.tensorboard_dir
+        staging = final.with_name(f".{final.name}.export-{uuid.uuid4().hex[:8]}")
+        try:
+            _write(TensorBoardWriter(staging), steps, summary)
+            _swap_in(staging, final)
+        finally:
+            shutil.rmtree(staging, ignore_errors=True)
+        return Exported(info.sweep, info.name, len(steps), str(final))
+    root = options.directory or info.run_dir.parent.parent  # W&B files: <dir>/wandb/, apart from live runs' own
+    writer = open_writer(to, info, wandb_dir=Path(root), quiet=True)
+    _write(writer, steps, summary)
+    if to == "wandb":
+        if info.trackers.wandb is not None and info.trackers.wandb.mode == "offline":
+            _drop_earlier_offline_runs(writer.files_dir, wandb_run_id(info.run_id))
+            return Exported(info.sweep, info.name, len(steps), str(writer.files_dir))
+        return Exported(info.sweep, info.name, len(steps), str(writer.run.url or writer.run.id))
+    uri = info.trackers.mlflow.tracking_uri if info.trackers.mlflow else ""
+    return Exported(info.sweep, info.name, len(steps), f"{_safe(str(uri))} run {writer.run_id}")
+
+
+def _write(writer: Any, steps: dict[int, dict[str, float]], summary: dict[str, float]) -> None:
+    try:
+        for step, values in steps.items():
+            writer.log(step, values)
+        if summary:
+            writer.summary(summary)
+    finally:
+        writer.close()
+
+
+def _swap_in(staging: Path, final: Path) -> None:
+    """Replace `final` by `staging` with renames only: a reader sees the old run or the new, whole."""
+    final.parent.mkdir(parents=True, exist_ok=True)
+    if not final.exists():
+        os.replace(staging, final)
+        return
+    old = final.with_name(f".{final.name}.old-{uuid.uuid4().hex[:8]}")
+    os.replace(final, old)
+    os.replace(staging, final)
+    shutil.rmtree(old, ignore_errors=True)
+
+
+def _drop_earlier_offline_runs(current: Path, wandb_id: str) -> None:
+    """Offline, W&B writes a new offline-run-<time>-<id> directory per init (with a suffix, -1, ..., when one
+    of that second exists): keep only the newest export."""
+    earlier = [*current.parent.glob(f"offline-run-*-{wandb_id}"), *current.parent.glob(f"offline-run-*-{wandb_id}-*")]
+    for entry in earlier:
+        if entry.is_dir() and entry.resolve() != current.resolve():
+            shutil.rmtree(entry)

@@ -1,0 +1,181 @@
+"""The paper grids are the paper's runs: every cell's settings, read from the verl overrides it generates.
+
+What is pinned is what verl receives (the Hydra overrides of `rpg sweep --dry-run --format json`), not what
+the YAML says, so an edit of the grids, the spec defaults or the override generator cannot drift silently.
+Expected values: the paper where it states one, else the released scripts (see the grids' headers).
+Pure python: no verl needed.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from rpg_cli.backends.verl import launch
+from rpg_cli.spec import load_sweep
+
+REPO = Path(__file__).resolve().parents[1]
+GRIDS = {
+    "paper-qwen25-7b-instruct": 32,
+    "paper-qwen3-4b": 20,
+}
+ACTOR, ROLLOUT = "actor_rollout_ref.actor", "actor_rollout_ref.rollout"
+TRICKS = ("rpg", "rpg_reinforce", "reinforce_pp", "reinforce_pp_baseline", "dapo")  # the scripts' DAPO tricks
+
+
+def overrides(spec) -> dict[str, str]:
+    pairs = [arg.split("=", 1) for arg in launch.overrides(spec, Path("/runs") / spec.run_name)]
+    out = {key.lstrip("+"): value for key, value in pairs}
+    assert len(out) == len(pairs)  # no key twice
+    return out
+
+
+@pytest.fixture(autouse=True)
+def _no_local_data(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)  # the grids' data/ paths resolve here: never to a checkout's own data files
+
+
+def cells(grid: str):
+    specs = load_sweep(REPO / "experiments" / f"{grid}.yaml").expand()
+    assert len(specs) == GRIDS[grid]
+    return [(spec.algorithm, spec.kl, spec.context, overrides(spec)) for spec in specs]
+
+
+ALL = [pytest.param(grid, id=grid) for grid in GRIDS]
+
+
+@pytest.mark.parametrize("grid", ALL)
+def test_every_cell_validates_32_samples_per_problem_every_10_steps_at_top_p_1(grid):
+    for _, _, _, o in cells(grid):
+        assert (o[f"{ROLLOUT}.val_kwargs.n"], o[f"{ROLLOUT}.val_kwargs.temperature"], o[f"{ROLLOUT}.val_kwargs.top_p"],
+                o[f"{ROLLOUT}.val_kwargs.do_sample"]) == ("32", "1.0", "1.0", "true")
+        assert (o["trainer.test_freq"], o["trainer.val_before_train"]) == ("10", "true")
+        assert [Path(f).name for f in o["data.val_files"].strip("[]").split(",")] == [
+            "aime-2024.parquet", "aime-2025.parquet", "amc-2023.parquet"]
+        assert Path(o["data.train_files"].strip("[]")).name == "dapo-math-17k-eng.parquet"
+
+
+@pytest.mark.parametrize("grid", ALL)
+def test_every_cell_has_the_papers_context_and_the_scripts_dual_clip_bound(grid):
+    for _, _, context, o in cells(grid):
+        n = int(context.rstrip("k")) * 1024  # "Nk" = N x 1024 prompt + N x 1024 response tokens
+        assert (o["data.max_prompt_length"], o["data.max_response_length"]) == (str(n), str(n))
+        assert o[f"{ACTOR}.clip_ratio_c"] == "10.0"
+        assert (o["data.seed"], o[f"{ROLLOUT}.seed"], o[f"{ACTOR}.data_loader_seed"]) == ("0", "0", "0")
+
+
+@pytest.mark.parametrize("grid", ALL)
+def test_dynamic_sampling_and_overlong_shaping_on_every_method_but_grpo(grid):
+    for algorithm, _, _, o in cells(grid):
+        on = algorithm in TRICKS
+        assert o["algorithm.filter_groups.enable"] == ("true" if on else "false")
+        if on:
+            assert (o["algorithm.filter_groups.metric"], o["algorithm.filter_groups.max_inflight_gen_batches"],
+                    o["algorithm.filter_groups.max_num_gen_batches"]) == ("acc", "3", "20")
+            assert (o["reward.reward_manager.name"], o["reward.reward_kwargs.overlong_buffer_cfg.len"],
+                    o["reward.reward_kwargs.overlong_buffer_cfg.penalty_factor"]) == ("dapo", "512", "1.0")
+        else:
+            assert "reward.reward_manager.name" not in o and "algorithm.filter_groups.metric" not in o
+
+
+@pytest.mark.parametrize("grid", ALL)
+def test_each_method_regularises_as_the_paper_ran_it(grid):
+    seen = set()
+    for algorithm, kl, _, o in cells(grid):
+        seen.add(algorithm)
+        loss = f"{ACTOR}.policy_loss"
+        clip = (o[f"{ACTOR}.clip_ratio_low"], o[f"{ACTOR}.clip_ratio_high"])
+        kl_loss = (o[f"{ACTOR}.use_kl_loss"], o[f"{ACTOR}.kl_loss_type"], o[f"{ACTOR}.kl_loss_coef"],
+                   o[f"{loss}.kl_loss_to_old"])
+        no_kl_loss = ("false", "low_var_kl", "0.0", "false")
+        assert o["algorithm.use_kl_in_reward"] == "false"  # no method of the paper's runs puts KL in the reward
+        if algorithm in ("reinforce_pp", "reinforce_pp_baseline"):
+            # the scripts: verl's k1 KL loss (type `kl`), 1e-4, toward the iterative reference pi_old (handed in
+            # by rpg's plugin: no ref worker), clip (0.2, 0.28), lr 1e-6
+            assert kl_loss == ("false", "kl", "0.0001", "true")
+            assert (o[f"{loss}.loss_mode"], o[f"{loss}.use_reference"], clip) == ("ppo", "false", ("0.2", "0.28"))
+            assert o[f"{ACTOR}.optim.lr"] == "1e-06"
+        elif algorithm == "dapo":  # beta = 0: no KL and no reference model loaded
+            assert kl_loss == no_kl_loss and o[f"{loss}.use_reference"] == "false"
+            assert (o[f"{loss}.loss_mode"], o[f"{loss}.beta"], clip) == ("ppo", "0.0", ("0.2", "0.28"))
+        elif algorithm == "grpo":
+            # verl's PPO loss + 1e-3 x low_var_kl toward the frozen model: our grpo loss (clamped k3) reads the
+            # ref worker's log-probs, which verl computes when use_kl_loss is on (its own coefficient 0)
+            assert (o[f"{loss}.loss_mode"], o[f"{loss}.beta"], o[f"{loss}.kl_clamp"]) == ("grpo", "0.001", "true")
+            assert (o[f"{loss}.use_reference"], o[f"{ACTOR}.use_kl_loss"], o[f"{ACTOR}.kl_loss_coef"]) == (
+                "true", "true", "0.0")
+            assert clip == ("0.2", "0.2")
+        else:  # rpg, rpg_reinforce: beta 1e-4 toward pi_old inside the loss, no reference model
+            prefix = "rpg_reinforce" if algorithm == "rpg_reinforce" else "rpg"
+            assert (o[f"{loss}.loss_mode"], o[f"{loss}.beta"]) == (f"{prefix}_{kl}", "0.0001")
+            assert kl_loss == no_kl_loss and o[f"{loss}.use_reference"] == "false"
+            assert o[f"{ACTOR}.optim.lr"] == ("5e-07" if algorithm == "rpg_reinforce" else "1e-06")
+    assert {"grpo", "dapo", "reinforce_pp", "reinforce_pp_baseline", "rpg", "rpg_reinforce"} <= seen
+
+
+# ---------------------------------------------------------------- what validation costs, stated before it is paid
+
+
+def write_eval_file(path: Path, problems: int, copies: int = 1) -> Path:
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from rpg_cli.datasets.template import VERL_SCHEMA, verl_row
+
+    rows = [verl_row(f"Problem {i}?", str(i), "math_dapo", i) for _ in range(copies) for i in range(problems)]
+    path.parent.mkdir(parents=True, exist_ok=True)
+    pq.write_table(pa.Table.from_pylist(rows, schema=VERL_SCHEMA), path)
+    return path
+
+
+def dry_run(grid: str, cwd: Path, monkeypatch, *args: str):
+    from typer.testing import CliRunner
+
+    from rpg_cli.cli import app
+
+    monkeypatch.chdir(cwd)
+    return CliRunner().invoke(app, ["sweep", str(REPO / "experiments" / f"{grid}.yaml"), "--dry-run",
+                                    "--db", f"sqlite:///{cwd / 'none.db'}", *args])
+
+
+def test_dry_run_states_the_generations_of_a_validation(tmp_path, monkeypatch):
+    for name, n in (("aime-2024", 2), ("aime-2025", 3), ("amc-2023", 4)):
+        write_eval_file(tmp_path / "data" / f"{name}.parquet", n)
+    result = dry_run("paper-qwen3-4b", tmp_path, monkeypatch)
+    assert result.exit_code == 0, result.output
+    assert ("validation (20 runs): 9 problems x 32 samples = 288 generations per validation, 41 per run "
+            "(before training, every 10 steps and at the last)") in " ".join(result.output.split())
+    import json
+
+    rows = json.loads(dry_run("paper-qwen3-4b", tmp_path, monkeypatch, "--format", "json").output)
+    assert {json.dumps(r["validation"], sort_keys=True) for r in rows} == {json.dumps(
+        {"problems": 9, "samples_per_problem": 32, "generations_per_validation": 288, "validations_per_run": 41},
+        sort_keys=True)}
+    # without the files here, the plan still says what a validation samples per problem
+    (tmp_path / "elsewhere").mkdir()
+    bare = dry_run("paper-qwen3-4b", tmp_path / "elsewhere", monkeypatch)
+    assert "32 samples per problem (problems not counted" in " ".join(bare.output.split())
+
+
+def test_verl_refuses_a_validation_file_that_repeats_problems_and_the_local_backend_groups_it(tmp_path, monkeypatch):
+    write_eval_file(tmp_path / "data" / "aime-2024.parquet", 30, copies=32)  # the paper's own representation
+    write_eval_file(tmp_path / "data" / "aime-2025.parquet", 3)
+    write_eval_file(tmp_path / "data" / "amc-2023.parquet", 4)
+    result = dry_run("paper-qwen25-7b-instruct", tmp_path, monkeypatch)
+    assert result.exit_code == 2
+    line = " ".join(result.output.split())
+    assert "data.val_files: data/aime-2024.parquet holds 960 rows for 30 distinct problems" in line
+    assert "30,720 responses per validation instead of 960" in line and "rpg prepare-data" in line
+    local = dry_run("paper-qwen25-7b-instruct", tmp_path, monkeypatch, "--backend", "local")
+    assert local.exit_code == 0 and "37 problems x 32 samples = 1,184 generations" in " ".join(local.output.split())
+
+
+def test_validations_per_run_count_the_start_every_k_steps_and_the_last():
+    from rpg_cli.spec import ExperimentSpec, validation_cost
+
+    spec = load_sweep(REPO / "experiments" / "smoke.yaml").expand()[0].canonical()
+    for steps, every, expected in ((400, 10, 41), (5, 2, 4), (300, 50, 7)):
+        cost = validation_cost({**spec, "steps": steps, "val": {**spec["val"], "every": every}})
+        assert cost.validations == expected
+    assert validation_cost(ExperimentSpec.model_validate({**spec, "data": {"train_files": ["t.parquet"]}})) is None

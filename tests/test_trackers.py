@@ -1,0 +1,527 @@
+"""Trackers (W&B, TensorBoard, MLflow): the spec field, grouping, verl's logger mapping, the local
+trainer's live reporting and `rpg export`, each read back with the tracker's own reader: TensorBoard's
+EventAccumulator, W&B's offline run file decoded with wandb's own record schema, MlflowClient on a
+`file:` store. No network: W&B runs offline."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import struct
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from rpg_cli.cli import app
+from rpg_cli.orchestration.plan import plan_sweep
+from rpg_cli.rundir import write_spec
+from rpg_cli.spec import ExperimentSpec, SpecError, SweepSpec, load_sweep
+from rpg_cli.store import open_store
+from rpg_cli.trackers import axis_tags, cell_id, plan_trackers, verl_env, verl_loggers, wandb_run_id
+
+REPO = Path(__file__).resolve().parents[1]
+EXPERIMENTS = REPO / "experiments"
+SECRETS = {"WANDB_API_KEY": "wandbsecret" + "0" * 29, "MLFLOW_TRACKING_TOKEN": "mlflowtokensecret",
+           "MLFLOW_TRACKING_PASSWORD": "mlflowpasswordsecret"}
+
+
+def installed(module: str) -> bool:
+    import importlib.util
+
+    return importlib.util.find_spec(module) is not None
+
+
+needs_wandb = pytest.mark.skipif(not installed("wandb"), reason="wandb is not installed (pip install 'rpg-cli[wandb]')")
+needs_tensorboard = pytest.mark.skipif(not installed("tensorboard"),
+                                       reason="tensorboard is not installed (pip install 'rpg-cli[tensorboard]')")
+needs_mlflow = pytest.mark.skipif(not installed("mlflow"), reason="mlflow is not installed (pip install 'rpg-cli[mlflow]')")
+MISSING = [m.kwargs["reason"] for m in (needs_wandb, needs_tensorboard, needs_mlflow) if m.args[0]]
+
+
+def _offline(mp: pytest.MonkeyPatch) -> None:
+    """No network for W&B, file stores allowed for MLflow, and credentials in the environment that must
+    never be written anywhere."""
+    mp.setenv("WANDB_MODE", "offline")
+    mp.setenv("WANDB_SILENT", "true")
+    mp.setenv("MLFLOW_ALLOW_FILE_STORE", "true")
+    for key in ("MLFLOW_TRACKING_URI", "WANDB_ENTITY", "WANDB_DIR", "TENSORBOARD_DIR", "MLFLOW_RUN_CONTEXT"):
+        mp.delenv(key, raising=False)
+    for key, value in SECRETS.items():
+        mp.setenv(key, value)
+
+
+@pytest.fixture
+def offline_env(monkeypatch):
+    _offline(monkeypatch)
+
+
+def assert_no_secrets(*roots: Path, text: str = "") -> None:
+    for secret in SECRETS.values():
+        assert secret not in text
+        for root in roots:
+            for path in Path(root).rglob("*"):
+                if path.is_file():
+                    assert secret.encode() not in path.read_bytes(), f"{secret} written to {path}"
+
+
+# ---------------------------------------------------------------------------------------- readers
+
+
+def read_tensorboard(log_dir: Path) -> dict[str, dict[int, float]]:
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    acc = EventAccumulator(str(log_dir), size_guidance={"scalars": 0})
+    acc.Reload()
+    return {tag: {e.step: e.value for e in acc.Scalars(tag)} for tag in acc.Tags()["scalars"]}
+
+
+def wandb_records(run_file: Path) -> list:
+    """The records of an offline run's `.wandb` file, decoded with wandb's own protobuf schema. The file
+    is a 7-byte header then LevelDB's log format (32 KiB blocks of records: crc32, length, type); wandb
+    0.31 ships no Python reader of it (its Go core reads it for `wandb sync`)."""
+    from wandb.proto import wandb_internal_pb2
+
+    data = Path(run_file).read_bytes()
+    assert data[:4] == b":W&B"
+    block, pos, pending, records = 32768, 7, b"", []
+    while pos + 7 <= len(data):
+        room = block - pos % block
+        if room < 7:
+            pos += room  # block trailer
+            continue
+        _crc, length, kind = struct.unpack("<IHB", data[pos : pos + 7])
+        chunk, pos = data[pos + 7 : pos + 7 + length], pos + 7 + length
+        if kind == 0:  # zero padding to the end of the block
+            pos += block - pos % block if pos % block else 0
+            continue
+        pending = chunk if kind in (1, 2) else pending + chunk
+        if kind in (1, 4):  # FULL or LAST
+            record = wandb_internal_pb2.Record()
+            record.ParseFromString(pending)
+            records.append(record)
+    return records
+
+
+def read_wandb_offline(run_dir: Path) -> tuple:
+    """(run record, {step: {key: value}}, summary) of an offline-run-* directory."""
+    (run_file,) = Path(run_dir).glob("run-*.wandb")
+    run, history, summary = None, {}, {}
+    for record in wandb_records(run_file):
+        kind = record.WhichOneof("record_type")
+        if kind == "run":
+            run = record.run
+        elif kind == "history":
+            row = {item.key or "/".join(item.nested_key): json.loads(item.value_json) for item in record.history.item}
+            history[row.pop("_step")] = {k: v for k, v in row.items() if not k.startswith("_")}
+        elif kind == "summary":
+            for item in record.summary.update:
+                summary[item.key or "/".join(item.nested_key)] = json.loads(item.value_json)
+    return run, history, summary
+
+
+def mlflow_runs(uri: str, experiment: str, run_id: str) -> list:
+    from mlflow.tracking import MlflowClient
+
+    client = MlflowClient(tracking_uri=uri)
+    found = client.get_experiment_by_name(experiment)
+    assert found is not None, f"no MLflow experiment {experiment}"
+    return client.search_runs([found.experiment_id], filter_string=f"tags.`rpg.run_id` = '{run_id}'")
+
+
+def read_mlflow(uri: str, mlflow_run_id: str) -> dict[str, list[tuple[int, float]]]:
+    from mlflow.tracking import MlflowClient
+
+    client = MlflowClient(tracking_uri=uri)
+    run = client.get_run(mlflow_run_id)
+    return {key: sorted((m.step, m.value) for m in client.get_metric_history(mlflow_run_id, key))
+            for key in run.data.metrics}
+
+
+def by_key(steps: dict[int, dict[str, float]]) -> dict[str, dict[int, float]]:
+    out: dict[str, dict[int, float]] = {}
+    for step, values in steps.items():
+        for key, value in values.items():
+            out.setdefault(key, {})[step] = value
+    return out
+
+
+# ---------------------------------------------------------------------------------------- the spec
+
+
+TRACKED = {"trackers": {"project": "rpg-test", "wandb": {"mode": "offline"}, "tensorboard": {},
+                        "mlflow": {"tracking_uri": "file:./mlruns"}}}
+
+
+@pytest.mark.parametrize("grid", sorted(EXPERIMENTS.glob("*.yaml")), ids=lambda p: p.stem)
+def test_trackers_leave_every_run_id_and_name_unchanged(grid, tmp_path, monkeypatch):
+    monkeypatch.setattr("rpg_cli.trackers.missing", lambda trackers: None)  # planning only; nothing reports
+    sweep = load_sweep(grid)
+    tracked = SweepSpec.model_validate({**sweep.model_dump(), "base": {**sweep.base, **TRACKED}})
+    plain, with_trackers = plan_sweep(sweep, tmp_path), plan_sweep(tracked, tmp_path)
+    assert [(p.id, p.name, p.run_dir) for p in with_trackers] == [(p.id, p.name, p.run_dir) for p in plain]
+    for p in with_trackers:  # spec.json records them, and still hashes to the same id
+        assert p.spec["trackers"]["project"] == "rpg-test"
+        written = json.loads(write_spec(p.run_dir, p.spec).read_text())
+        assert written["trackers"]["wandb"]["mode"] == "offline"
+        assert ExperimentSpec.model_validate(written).run_id == p.id
+
+
+def test_shorthand_and_one_line_errors_of_the_trackers_field(tmp_path):
+    from rpg_cli.spec import _validate
+
+    base = load_sweep(EXPERIMENTS / "smoke.yaml").expand()[0].canonical()
+    spec = _validate(ExperimentSpec, {**base, "trackers": ["wandb", "tensorboard"]})
+    assert spec.trackers.wandb is not None and spec.trackers.tensorboard is not None and spec.trackers.mlflow is None
+    assert _validate(ExperimentSpec, {**base, "trackers": {"mlflow": True}}).trackers.mlflow is not None
+    for value, words in [
+        (["wandb", "neptune"], "trackers: got 'neptune'; allowed: wandb, tensorboard, mlflow"),
+        ({"wandb": {"mode": "sometimes"}}, "trackers.wandb.mode: got 'sometimes'; allowed: 'online' or 'offline'"),
+        ({"mlflow": {"tracking_uri": "https://me:hunter2@mlflow.example.org"}}, "trackers.mlflow.tracking_uri: credentials"),
+    ]:
+        with pytest.raises(SpecError) as caught:
+            _validate(ExperimentSpec, {**base, "trackers": value})
+        assert words in str(caught.value) and "\n" not in str(caught.value)
+        assert "hunter2" not in str(caught.value)
+
+
+def test_group_is_the_cell_and_tags_are_the_axes_the_sweep_varies(tmp_path, monkeypatch):
+    monkeypatch.setattr("rpg_cli.trackers.missing", lambda trackers: None)
+    sweep = SweepSpec.model_validate({
+        "name": "bands", "base": {**load_sweep(EXPERIMENTS / "smoke.yaml").base, "trackers": {"tensorboard": {}, "tags": ["mine"]}},
+        "grid": {"algorithm": ["rpg", "rpg_reinforce"], "kl": ["fkl", "urkl"], "lr": [1e-4, 5e-4]}, "seeds": [0, 1, 2]})  # fmt: skip
+    plans = plan_sweep(sweep, tmp_path / "runs")
+    assert len(plans) == 24
+    groups: dict[str, set[int]] = {}
+    for p in plans:
+        t = p.spec["trackers"]
+        groups.setdefault(t["group"], set()).add(p.spec["seed"])
+        assert t["group"].startswith(p.name.removesuffix(f"-s{p.spec['seed']}-{p.id}"))
+        assert t["tags"] == ["sweep=bands", f"algorithm={p.spec['algorithm']}", f"kl={p.spec['kl']}",
+                             f"lr={p.spec['lr']!r}", "mine"]
+        assert t["tensorboard"]["dir"] == str(tmp_path / "runs" / "tensorboard")
+    assert len(groups) == 8 and all(seeds == {0, 1, 2} for seeds in groups.values())  # one band per cell
+    assert cell_id(plans[0].spec) == cell_id({**plans[0].spec, "seed": 7, "trackers": None})
+    assert cell_id(plans[0].spec) != cell_id({**plans[0].spec, "lr": 1.0})
+    # fields that collapse (kl of grpo) or never vary make no tag
+    assert axis_tags([{"algorithm": "grpo", "kl": "none", "x": 1}, {"algorithm": "dapo", "kl": "none", "x": 1}]) == [
+        ["algorithm=grpo"], ["algorithm=dapo"]]
+
+
+def test_a_missing_extra_is_a_one_line_error_of_the_dry_run(tmp_path, monkeypatch):
+    import importlib.util
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "mlflow" else real(name, *a))
+    sweep_file = tmp_path / "tracked.yaml"
+    text = (EXPERIMENTS / "smoke.yaml").read_text().replace("base:\n", "base:\n  trackers: [tensorboard, mlflow]\n", 1)
+    sweep_file.write_text(text)
+    result = CliRunner().invoke(app, ["sweep", str(sweep_file), "--dry-run", "--db", str(tmp_path / "r.db"),
+                                      "--runs-dir", str(tmp_path / "runs")])
+    assert result.exit_code == 2
+    lines = result.output.strip().splitlines()
+    assert lines == ["rpg sweep: trackers.mlflow: mlflow is not installed here; install it with pip install 'rpg-cli[mlflow]'"]
+    assert not (tmp_path / "runs").exists()
+
+
+def test_an_mlflow_uri_with_credentials_in_the_environment_is_refused_not_recorded(tmp_path, monkeypatch):
+    monkeypatch.setattr("rpg_cli.trackers.missing", lambda trackers: None)
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", "https://me:hunter2@mlflow.example.org")
+    sweep = load_sweep(EXPERIMENTS / "smoke.yaml")
+    tracked = SweepSpec.model_validate({**sweep.model_dump(), "base": {**sweep.base, "trackers": ["mlflow"]}})
+    with pytest.raises(SpecError) as caught:
+        plan_sweep(tracked, tmp_path)
+    assert "MLFLOW_TRACKING_URI" in str(caught.value) and "hunter2" not in str(caught.value)
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", "https://mlflow.example.org")  # credentials in their own env vars
+    assert {p.spec["trackers"]["mlflow"]["tracking_uri"] for p in plan_sweep(tracked, tmp_path)} == {
+        "https://mlflow.example.org"}
+
+
+# ---------------------------------------------------------------------------------------- verl
+
+
+def verl_run(tmp_path: Path, monkeypatch) -> tuple[ExperimentSpec, Path]:
+    monkeypatch.setattr("rpg_cli.trackers.missing", lambda trackers: None)
+    sweep = load_sweep(EXPERIMENTS / "paper-qwen3-4b.yaml")
+    tracked = SweepSpec.model_validate({**sweep.model_dump(), "base": {
+        **sweep.base, "trackers": {"project": "rpg-verl", "wandb": {"mode": "offline"}, "tensorboard": {},
+                                   "mlflow": {"tracking_uri": f"file:{tmp_path / 'mlruns'}"}}}})
+    plan = plan_sweep(tracked, tmp_path / "runs")[0]
+    return ExperimentSpec.model_validate(plan.spec), plan.run_dir
+
+
+def test_verl_gets_its_own_logger_entries_and_the_env_its_tracking_reads(tmp_path, monkeypatch):
+    from rpg_cli.backends.verl import launch
+
+    spec, run_dir = verl_run(tmp_path, monkeypatch)
+    args = dict(a.split("=", 1) for a in launch.overrides(spec, run_dir))
+    assert args["trainer.logger"] == "[console,file,wandb,tensorboard,mlflow]"
+    assert args["trainer.project_name"] == "rpg-verl" and args["trainer.experiment_name"] == spec.run_name
+    env = launch.env(spec, run_dir)
+    assert env["WANDB_RUN_ID"] == wandb_run_id(spec.run_id) and env["WANDB_RESUME"] == "allow"
+    assert env["WANDB_RUN_GROUP"] == spec.trackers.group and env["WANDB_JOB_TYPE"] == "paper-qwen3-4b"
+    assert env["WANDB_TAGS"].split(",") == spec.trackers.tags and env["WANDB_MODE"] == "offline"
+    assert env["TENSORBOARD_DIR"] == str(tmp_path / "runs" / "tensorboard" / "paper-qwen3-4b" / spec.run_name)
+    assert env["MLFLOW_TRACKING_URI"] == (tmp_path / "mlruns").as_uri()
+    assert json.loads(env["MLFLOW_RUN_CONTEXT"])["rpg.run_id"] == spec.run_id
+    for key, value in env.items():  # every env var also reaches the processes verl starts
+        assert args[f"+ray_kwargs.ray_init.runtime_env.env_vars.{key}"].strip("'").replace("\\'", "'") == value
+    assert not any(s in json.dumps(env) for s in SECRETS.values())
+    untracked = ExperimentSpec.model_validate({**spec.canonical(), "trackers": None})
+    assert verl_loggers(untracked) == [] and verl_env(untracked, run_dir) == {}
+
+
+@pytest.mark.skipif(bool(MISSING), reason="; ".join(MISSING))
+def test_verls_own_tracking_reports_where_the_spec_says(tmp_path, monkeypatch, offline_env):
+    """verl 0.9.1's Tracking class, given the composed config and our env, writes each tracker where rpg
+    reads: the W&B run with our id/group/tags, TensorBoard under TENSORBOARD_DIR, MLflow with our tags."""
+    pytest.importorskip("verl", reason="the verl extra is not installed")
+    from omegaconf import OmegaConf
+    from test_verl_backend import compose_verl
+    from verl.utils.tracking import Tracking
+
+    spec, run_dir = verl_run(tmp_path, monkeypatch)
+    cfg = compose_verl(spec, run_dir)
+    for key, value in cfg.ray_kwargs.ray_init.runtime_env.env_vars.items():
+        monkeypatch.setenv(key, str(value))
+    run_dir.mkdir(parents=True)
+    tracking = Tracking(cfg.trainer.project_name, cfg.trainer.experiment_name, list(cfg.trainer.logger),
+                        config=OmegaConf.to_container(cfg, resolve=True))
+    steps = {1: {"actor/pg_loss": 0.5, "val-core/aime2025/acc/mean@32": 0.25}, 2: {"actor/pg_loss": -0.125}}
+    for step, data in steps.items():
+        tracking.log(data, step)
+    tracking.finish()
+
+    assert [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()] == [
+        {"step": s, "data": d} for s, d in steps.items()]
+    tb = read_tensorboard(Path(os.environ["TENSORBOARD_DIR"]))
+    assert tb["actor/pg_loss"] == {1: 0.5, 2: -0.125} and tb["val-core/aime2025/acc/mean@32"] == {1: 0.25}
+    (offline,) = (run_dir / "wandb").glob(f"offline-run-*-{wandb_run_id(spec.run_id)}")
+    run, history, _ = read_wandb_offline(offline)
+    assert (run.run_id, run.project, run.display_name) == (wandb_run_id(spec.run_id), "rpg-verl", spec.run_name)
+    assert (run.run_group, run.job_type, list(run.tags)) == (spec.trackers.group, "paper-qwen3-4b", spec.trackers.tags)
+    assert history == steps
+    uri = os.environ["MLFLOW_TRACKING_URI"]
+    (found,) = mlflow_runs(uri, "rpg-verl", spec.run_id)
+    assert found.data.tags["rpg.group"] == spec.trackers.group and found.info.run_name == spec.run_name
+    assert read_mlflow(uri, found.info.run_id) == {"actor/pg_loss": [(1, 0.5), (2, -0.125)],
+                                                   "val-core/aime2025/acc/mean_at_32": [(1, 0.25)]}
+    assert_no_secrets(run_dir, tmp_path / "runs" / "tensorboard", tmp_path / "mlruns")
+
+
+# ---------------------------------------------------------------------------------------- the local backend
+
+
+@pytest.fixture(scope="module")
+def tracked_toy_run(tmp_path_factory):
+    """A 3-step toy run of the local backend tracked live to all three, its metrics ingested into a store.
+    Credentials sit in the environment the whole time."""
+    if MISSING:
+        pytest.skip("; ".join(MISSING))
+    pytest.importorskip("transformers")
+    from rpg_cli.backends.local.trainer import main as run_trainer
+
+    root = tmp_path_factory.mktemp("toy")
+    with pytest.MonkeyPatch.context() as mp:
+        _offline(mp)
+        mp.setattr("rpg_cli.datasets.toy.warm_up_format", lambda *args, **kwargs: 0.0)  # what it learns is no matter here
+        assert CliRunner().invoke(app, ["prepare-data", "--toy", "--out", str(root / "data")]).exit_code == 0
+        toy = root / "data" / "toy"
+        sweep = SweepSpec.model_validate({"name": "toy", "base": {
+            "algorithm": "rpg", "kl": "urkl", "beta": 1e-3, "clip": {"eps_low": 0.2, "eps_high": 0.28},
+            "optimizer": "adamw", "context": "2k", "model": str(toy / "model"),
+            "data": {"train_files": [str(toy / "train.parquet")], "val_files": [str(toy / "val.parquet")]},
+            "train_batch_size": 4, "rollout_n": 4, "ppo_mini_batch_size": 4, "lr": 5e-4, "steps": 3, "seed": 0,
+            "val": {"n": 2, "every": 2}, "rollout": {"engine": "hf"}, "save_every": 3, "backend": "local",
+            "resources": {"gpus_per_node": 0, "cpus": 1},
+            "trackers": {"project": "rpg-toy", "wandb": {"mode": "offline"}, "tensorboard": {},
+                         "mlflow": {"tracking_uri": f"file:{root / 'mlruns'}"}}}})  # fmt: skip
+        (plan,) = plan_sweep(sweep, root / "runs")
+        spec_path = write_spec(plan.run_dir, plan.spec)
+        assert run_trainer(str(spec_path)) == 0
+        store = open_store(f"sqlite:///{root / 'results.db'}")
+        store.record_plans([plan])
+        store.ingest_metrics(plan.id, plan.run_dir / "metrics.jsonl")
+        metrics, _ = store.run_history(plan.id)
+        store.close()
+    return root, plan, ExperimentSpec.model_validate(plan.spec), metrics
+
+
+def test_a_toy_run_shows_the_stores_values_at_every_step_in_all_three(tracked_toy_run, offline_env):
+    root, plan, spec, metrics = tracked_toy_run
+    store = by_key(metrics)
+    assert sorted(metrics) == [0, 1, 2, 3] and "actor/pg_loss" in store and "val-core/toy_add/acc/mean@2" in store
+
+    tb = read_tensorboard(root / "runs" / "tensorboard" / "toy" / plan.name)
+    assert set(tb) == set(store)
+    for key, values in store.items():  # TensorBoard keeps float32
+        assert tb[key] == pytest.approx(values, rel=1e-6, abs=1e-6), key
+
+    (offline,) = (plan.run_dir / "wandb").glob("offline-run-*")
+    run, history, _ = read_wandb_offline(offline)
+    assert (run.run_id, run.project, run.run_group, run.job_type) == (
+        wandb_run_id(plan.id), "rpg-toy", spec.trackers.group, "toy")
+    assert history == metrics
+
+    (found,) = mlflow_runs(f"file:{root / 'mlruns'}", "rpg-toy", plan.id)
+    assert found.data.tags["rpg.group"] == spec.trackers.group and found.data.params["lr"] == "0.0005"
+    logged = read_mlflow(f"file:{root / 'mlruns'}", found.info.run_id)
+    assert logged.pop("val-core/toy_add/acc/mean_at_2") == sorted(store.pop("val-core/toy_add/acc/mean@2").items())
+    assert {k.replace("@", "_at_"): sorted(v.items()) for k, v in store.items()} == logged
+
+    assert_no_secrets(root / "runs", root / "mlruns", root / "results.db")
+
+
+# ---------------------------------------------------------------------------------------- rpg export
+
+
+def synthetic_store(root: Path) -> tuple[str, list]:
+    """A store holding sweep `sw`: 2 cells x 2 seeds, metrics at steps 0-3 (one NaN), evals at steps 2 and 3."""
+    base = load_sweep(EXPERIMENTS / "smoke.yaml").base
+    sweep = SweepSpec.model_validate({"name": "sw", "base": {**base, "kl": "urkl"}, "grid": {"algorithm": ["rpg", "rpg_reinforce"]},
+                                      "seeds": [0, 1]})
+    plans = plan_sweep(sweep, root / "runs")
+    db = f"sqlite:///{root / 'results.db'}"
+    store = open_store(db)
+    store.record_plans(plans)
+    for i, p in enumerate(plans):
+        p.run_dir.mkdir(parents=True)
+        lines = [{"step": s, "data": {"actor/pg_loss": i + s / 8, "val-core/toy_add/acc/mean@8": s / 4,
+                                      "critic/score/mean": float("nan") if s == 1 else s / 2}} for s in range(4)]
+        (p.run_dir / "metrics.jsonl").write_text("".join(json.dumps(line) + "\n" for line in lines))
+        store.ingest_metrics(p.id, p.run_dir / "metrics.jsonl")
+        store.record_evals([{"run_id": p.id, "step": s, "benchmark": "aime25", "metric": m, "k": k, "scorer": "dapo",
+                             "value": v + i / 100, "scorer_version": "1"}
+                            for s in (2, 3) for m, k, v in (("mean@k", 8, 0.25 * s), ("pass@k", 1, 0.1 * s))])  # fmt: skip
+    store.close()
+    return db, plans
+
+
+def export_twice(args: list[str]) -> list[str]:
+    outputs = []
+    for _ in range(2):
+        result = CliRunner().invoke(app, ["export", *args])
+        assert result.exit_code == 0, result.output
+        outputs.append(result.output)
+    return outputs
+
+
+def expected_steps(plan_index: int) -> dict[int, dict[str, float]]:
+    i = plan_index
+    return {s: {"actor/pg_loss": i + s / 8, "val-core/toy_add/acc/mean@8": s / 4,
+                "critic/score/mean": float("nan") if s == 1 else s / 2,
+                **({"eval/aime25/dapo/mean@8": 0.25 * s + i / 100, "eval/aime25/dapo/pass@1": 0.1 * s + i / 100}
+                   if s >= 2 else {})} for s in range(4)}  # fmt: skip
+
+
+def same(got: dict, want: dict) -> bool:
+    import math
+
+    return got.keys() == want.keys() and all(
+        (math.isnan(w) and math.isnan(g)) or g == pytest.approx(w, rel=1e-6) for g, w in zip(
+            [got[k] for k in want], want.values()))
+
+
+@needs_tensorboard
+def test_export_to_tensorboard_twice_rewrites_one_log_dir_per_run(tmp_path, offline_env):
+    db, plans = synthetic_store(tmp_path)
+    out = export_twice(["--to", "tensorboard", "--sweep", "sw", "--db", db, "--dir", str(tmp_path / "tb")])
+    assert "exported 4 of 4 run(s) to tensorboard" in out[1]
+    assert sorted(p.name for p in (tmp_path / "tb" / "sw").iterdir()) == sorted(p.name for p in plans)
+    for i, p in enumerate(plans):
+        (events,) = (tmp_path / "tb" / "sw" / p.name).iterdir()  # one event file: rewritten, not appended
+        tb = read_tensorboard(events.parent)
+        for step, values in expected_steps(i).items():
+            assert same({k: tb[k][step] for k in values}, values), (p.name, step)
+    assert_no_secrets(tmp_path, text="".join(out))
+
+
+@needs_wandb
+def test_export_to_wandb_offline_twice_keeps_one_run_per_rpg_run(tmp_path, offline_env):
+    db, plans = synthetic_store(tmp_path)
+    out = export_twice(["--to", "wandb", "--offline", "--db", db, "--dir", str(tmp_path / "wb"), "--project", "exp"])
+    dirs = sorted((tmp_path / "wb" / "wandb").glob("offline-run-*"))
+    # offline-run-<time>-rpg-<run id>, with a suffix (-1) when the second export starts in the same second
+    ids = [re.fullmatch(r"offline-run-[0-9_]+-rpg-([0-9a-f]+)(-\d+)?", d.name).group(1) for d in dirs]
+    assert sorted(ids) == sorted(p.id for p in plans)  # one per run
+    groups = {}
+    for i, p in enumerate(plans):
+        (run_dir,) = [d for d in dirs if f"-{wandb_run_id(p.id)}" in d.name]
+        run, history, summary = read_wandb_offline(run_dir)
+        assert (run.project, run.display_name, run.job_type) == ("exp", p.name, "sw")
+        assert f"algorithm={p.spec['algorithm']}" in run.tags and "sweep=sw" in run.tags
+        groups.setdefault(run.run_group, set()).add(p.spec["seed"])
+        for step, values in expected_steps(i).items():
+            assert same(history[step], values), (p.name, step)
+        assert summary["eval/aime25/dapo/mean@8"] == pytest.approx(0.75 + i / 100)
+    assert list(groups.values()) == [{0, 1}, {0, 1}]  # each cell's seeds in one W&B group
+    assert_no_secrets(tmp_path, text="".join(out))
+
+
+def test_an_offline_reexport_in_the_same_second_replaces_the_earlier_one(tmp_path):
+    from rpg_cli.trackers.export import _drop_earlier_offline_runs
+
+    wandb_dir = tmp_path / "wandb"
+    names = ["offline-run-20261123_113450-rpg-aaaa1111",  # the earlier export
+             "offline-run-20261123_113450-rpg-aaaa1111-1",  # this one: W&B's suffix, the same second
+             "offline-run-20261123_113450-rpg-aaaa11112",  # another run whose id extends this one's
+             "offline-run-20261123_113450-rpg-bbbb2222"]
+    for name in names:
+        (wandb_dir / name).mkdir(parents=True)
+    _drop_earlier_offline_runs(wandb_dir / names[1], "rpg-aaaa1111")
+    assert sorted(p.name for p in wandb_dir.iterdir()) == names[1:]
+
+
+@needs_mlflow
+def test_export_to_mlflow_twice_logs_each_step_once_and_adds_what_is_new(tmp_path, offline_env):
+    db, plans = synthetic_store(tmp_path)
+    uri = f"file:{tmp_path / 'mlruns'}"
+    export_twice(["--to", "mlflow", "--sweep", "sw", "--db", db, "--tracking-uri", uri])
+    for i, p in enumerate(plans):
+        (found,) = mlflow_runs(uri, "rpg", p.id)  # one run per rpg run
+        assert found.data.tags["rpg.sweep"] == "sw" and found.data.tags["algorithm"] == p.spec["algorithm"]
+        logged = read_mlflow(uri, found.info.run_id)
+        for step, values in expected_steps(i).items():
+            got = {k.replace("_at_", "@"): dict(v)[step] for k, v in logged.items() if step in dict(v)}
+            assert same(got, values), (p.name, step)
+        assert all(len({s for s, _ in v}) == len(v) for v in logged.values())  # no step twice
+    assert len({mlflow_runs(uri, "rpg", p.id)[0].data.tags["rpg.group"] for p in plans}) == 2
+
+    with (plans[0].run_dir / "metrics.jsonl").open("a") as f:  # the run went on: one more step
+        f.write(json.dumps({"step": 4, "data": {"actor/pg_loss": 9.0}}) + "\n")
+    store = open_store(db)
+    store.ingest_metrics(plans[0].id, plans[0].run_dir / "metrics.jsonl")
+    store.close()
+    export_twice(["--to", "mlflow", "--sweep", "sw", "--db", db, "--tracking-uri", uri])
+    (found,) = mlflow_runs(uri, "rpg", plans[0].id)
+    assert read_mlflow(uri, found.info.run_id)["actor/pg_loss"] == [(s, s / 8) for s in range(4)] + [(4, 9.0)]
+    assert_no_secrets(tmp_path)
+
+
+@needs_mlflow
+def test_export_errors_are_one_line(tmp_path, offline_env, monkeypatch):
+    db, _ = synthetic_store(tmp_path)
+    monkeypatch.setenv("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "0")  # the unreachable server: fail at once
+    monkeypatch.setenv("MLFLOW_HTTP_REQUEST_TIMEOUT", "5")
+    for args, words, env_uri in [
+        (["--to", "neptune"], "unknown tracker 'neptune'; allowed: wandb, tensorboard, mlflow", None),
+        (["--to", "tensorboard", "--sweep", "nope"], "no runs of sweep 'nope' in the store", None),
+        (["--to", "mlflow", "--tracking-uri", "https://me:hunter2@mlflow.example.org"], "--tracking-uri: credentials", None),
+        (["--to", "mlflow"], "MLFLOW_TRACKING_URI: credentials", "https://me:hunter2@mlflow.example.org"),
+        (["--to", "mlflow", "--tracking-uri", "http://127.0.0.1:9"], "cannot open the MLflow run at http://127.0.0.1:9", None),
+    ]:
+        if env_uri:
+            monkeypatch.setenv("MLFLOW_TRACKING_URI", env_uri)
+        else:
+            monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+        result = CliRunner().invoke(app, ["export", "--db", db, *args])
+        assert result.exit_code == 2 and words in result.output, result.output
+        assert len(result.output.strip().splitlines()) == 1 and "hunter2" not in result.output
+    missing = CliRunner().invoke(app, ["export", "--to", "wandb", "--db", str(tmp_path / "none.db")])
+    assert missing.exit_code == 2 and "no results database" in missing.output
+
+
+def test_plan_trackers_without_trackers_is_the_identity(tmp_path):
+    specs = load_sweep(EXPERIMENTS / "smoke.yaml").expand()
+    assert plan_trackers(specs, "smoke", tmp_path) is specs

@@ -1,0 +1,226 @@
+"""The iterative reference on verl 0.9.1 (backends/verl/reference.py): every verl name it relies on, pinned;
+the trainer hook driven with a stand-in worker group; the shard copy. The worker itself runs in verl's engine
+in tests/test_verl_workers_cpu.py."""
+
+from __future__ import annotations
+
+import inspect
+import json
+from pathlib import Path
+
+import pytest
+
+verl = pytest.importorskip("verl", reason="the verl extra is not installed")
+
+import torch  # noqa: E402
+from hydra import compose, initialize_config_dir  # noqa: E402
+
+from rpg_cli.backends.verl import launch  # noqa: E402
+from rpg_cli.backends.verl import reference as ref  # noqa: E402
+from rpg_cli.spec import Every, ExperimentSpec  # noqa: E402
+
+VERL_CONFIG_DIR = str(Path(verl.__file__).parent / "trainer" / "config")
+
+
+def cell(reference) -> ExperimentSpec:
+    return ExperimentSpec.model_validate(dict(
+        algorithm="rpg_reinforce", kl="urkl", beta=1e-3, clip={"eps_low": 0.2, "eps_high": 0.28}, optimizer="adamw",
+        context="2k", reference=reference, model="Qwen/Qwen3-4B", data={"train_files": ["t.parquet"]},
+        train_batch_size=8, rollout_n=2, ppo_mini_batch_size=4, lr=1e-6, steps=10, seed=0, save_every=5,
+        backend="verl", resources={"nodes": 1, "gpus_per_node": 2, "cpus": 2}))
+
+
+def composed(spec: ExperimentSpec, run_dir: Path):
+    with initialize_config_dir(config_dir=VERL_CONFIG_DIR, version_base=None):
+        return compose(config_name="ppo_trainer", overrides=launch.overrides(spec, run_dir))
+
+
+# ---------------------------------------------------------------- verl's names, pinned
+
+
+def source(obj) -> str:
+    return inspect.getsource(obj)
+
+
+def test_verl_0_9_1_names_the_reference_hook_relies_on():
+    import transfer_queue
+    import verl.trainer.main_ppo as main_ppo
+    from verl.single_controller.base.decorator import MAGIC_ATTR, Dispatch
+    from verl.trainer.ppo.v1 import trainer_base
+    from verl.trainer.ppo.v1.trainer_sync import PPOTrainerSync
+    from verl.workers.engine_workers import ActorRolloutRefWorker, TrainingWorker
+
+    assert verl.__version__ == "0.9.1"
+    # main_ppo: TaskRunnerV1 builds the trainer registered under trainer.v1.trainer_mode
+    runner = Path(main_ppo.__file__).read_text()
+    assert "run_ppo(config, task_runner_class=TaskRunnerV1)" in runner
+    assert "trainer_cls = get_trainer_cls(config.trainer.v1.trainer_mode)" in runner
+    assert trainer_base.get_trainer_cls("rpg") is ref.RPGTrainer  # the plugin registered it
+    assert trainer_base.TRAINER_REGISTRY["sync"] is PPOTrainerSync and issubclass(ref.RPGTrainer, PPOTrainerSync)
+    # the trainer methods RPGTrainer overrides, with the signatures it calls them with
+    expected = {
+        "_init_resource_pool_mgr": ["self"], "_setup": ["self"], "on_step_begin": ["self"],
+        "_compute_ref_log_prob": ["self", "batch", "metrics"],
+        "_compute_metrics": ["self", "batch", "metrics", "timing_raw", "global_steps", "epoch"],
+        "_save_checkpoint": ["self"], "_load_checkpoint": ["self"],
+    }
+    for name, params in expected.items():
+        assert list(inspect.signature(getattr(trainer_base.PPOTrainer, name)).parameters) == params, name
+    # the order it relies on: the hook before the step, old log-probs before reference log-probs
+    fit, step_once = source(trainer_base.PPOTrainer.fit), source(trainer_base.PPOTrainer._step_once)
+    assert fit.index("self.on_step_begin()") < fit.index("batch = self.step(metrics, self.timing_raw)")
+    assert fit.index("self._compute_metrics(batch") < fit.index("self.logger.log(data=metrics")
+    assert step_once.index("self._compute_old_log_prob(") < step_once.index("self._compute_ref_log_prob(")
+    # the worker class it replaces, the worker groups it calls, the checkpoint folder it writes into
+    pool = source(trainer_base.PPOTrainer._init_resource_pool_mgr)
+    assert "self.role_worker_mapping[role] = ray.remote(ActorRolloutRefWorker)" in pool
+    setup = source(trainer_base.PPOTrainer._setup)
+    assert "self.ref_policy_wg = all_wg[str(actor_role)]" in setup and "self._load_checkpoint()" in setup
+    assert 'f"global_step_{self.global_steps}"' in source(trainer_base.PPOTrainer._save_checkpoint)
+    assert '"ref_log_prob"' in source(trainer_base.PPOTrainer._compute_ref_log_prob)
+    assert 'data["old_log_probs"]' in source(trainer_base.PPOTrainer._compute_old_log_prob)
+    assert trainer_base.tq is transfer_queue and callable(transfer_queue.kv_batch_get)
+    # verl branches on the mode's name "sync", which RPGTrainer therefore keeps
+    assert 'self.trainer_mode == "sync"' in source(trainer_base.PPOTrainer._build_replay_buffer)
+    # the worker: actor and reference engines in one process, FSDP modules at .engine.module
+    init = source(ActorRolloutRefWorker.init_model)
+    assert "self.ref = self.ref_worker_cls(" in init and "self.actor = self.actor_worker_cls(" in init
+    assert "self.engine: BaseEngine = EngineRegistry.new(" in source(TrainingWorker.__init__)
+    for name in ("reset_reference", "save_reference", "load_reference"):
+        assert getattr(getattr(ref.RPGActorRolloutRefWorker, name), MAGIC_ATTR)["dispatch_mode"] is Dispatch.ONE_TO_ALL
+
+
+def test_verl_binds_the_reset_to_the_colocated_worker_group():
+    # what create_colocated_worker_cls does for the actor_rollout_ref role: the methods registered with verl's
+    # decorator become the worker group's `actor_rollout_ref_<name>` (spawn strips the prefix)
+    from verl.single_controller.ray.base import _bind_workers_method_to_parent
+
+    class Parent:
+        pass
+
+    _bind_workers_method_to_parent(Parent, "actor_rollout_ref", ref.RPGActorRolloutRefWorker)
+    for name in ("reset_reference", "save_reference", "load_reference", "compute_ref_log_prob"):
+        assert hasattr(Parent, f"actor_rollout_ref_{name}")
+
+
+# ---------------------------------------------------------------- the trainer, with a stand-in worker group
+
+
+class Group:
+    """A worker group that records the calls the trainer makes."""
+
+    def __init__(self):
+        self.calls = []
+
+    def __getattr__(self, name):
+        return lambda *args, **kwargs: self.calls.append((name, args)) or [None]
+
+
+def trainer_shell(reference, use_reference_policy=True):
+    trainer = ref.RPGTrainer.__new__(ref.RPGTrainer)
+    trainer.reference = ref.ReferenceTracker(reference)
+    trainer.use_reference_policy = use_reference_policy
+    trainer.ref_policy_wg = trainer.actor_rollout_wg = Group()
+    trainer.timing_raw = {}
+    return trainer
+
+
+def test_rpg_trainer_is_verls_sync_trainer_with_rpgs_worker_and_schedule(tmp_path):
+    spec = cell({"every": 3, "kl_target": 0.2})
+    cfg = composed(spec, tmp_path)
+    trainer = ref.RPGTrainer(cfg)
+    assert trainer.trainer_mode == "sync" and cfg.trainer.v1.trainer_mode == "sync"  # verl's sync semantics
+    assert type(trainer.replay_buffer).__name__ == "ReplayBuffer"
+    assert (trainer.reference.every, trainer.reference.kl_target, trainer.reference.alpha) == (3, 0.2, 0.1)
+    trainer._init_resource_pool_mgr()
+    (worker,) = trainer.role_worker_mapping.values()
+    assert worker.__ray_actor_class__ is ref.RPGActorRolloutRefWorker
+    assert [str(role) for role in trainer.role_worker_mapping] == ["actor_rollout_ref"]
+
+
+def test_the_hook_resets_before_the_steps_the_schedule_names():
+    trainer = trainer_shell(Every(every=2))
+    for step in range(1, 7):
+        trainer.global_steps = step
+        trainer.on_step_begin()
+        trainer.reference.observe(0.0)
+    assert len(trainer.ref_policy_wg.calls) == 2  # before steps 3 and 5
+    assert "reset_reference" in trainer.timing_raw
+    iterative = trainer_shell("iterative", use_reference_policy=False)  # no ref worker: pi_ref is pi_old
+    for step in range(1, 4):
+        iterative.global_steps = step
+        iterative.on_step_begin()
+    assert iterative.ref_policy_wg.calls == [] and iterative.reference.resets == 2
+
+
+def test_checkpoints_carry_the_schedule_and_a_reset_reference(tmp_path, monkeypatch):
+    from omegaconf import OmegaConf
+    from verl.trainer.ppo.v1.trainer_base import PPOTrainer
+
+    order = []
+    monkeypatch.setattr(PPOTrainer, "_save_checkpoint", lambda self: order.append("verl's save"))
+    trainer = trainer_shell(Every(every=2))
+    trainer.config = OmegaConf.create({"trainer": {"default_local_dir": str(tmp_path), "resume_mode": "auto"}})
+    for step in (1, 2, 3):
+        trainer.global_steps = step
+        trainer.on_step_begin()
+        trainer.reference.observe(0.25 if step == 2 else 0.0)
+    trainer._save_checkpoint()
+    folder = tmp_path / "global_step_3"
+    assert trainer.ref_policy_wg.calls[-1] == ("save_reference", (str(folder / "reference"),))
+    assert order == ["verl's save"]  # after rpg's files, so verl's latest-checkpoint marker comes last
+    saved = json.loads((folder / "rpg_reference.json").read_text())
+    assert saved == trainer.reference.state_dict() and saved["resets"] == 1
+
+    def verl_load(self):
+        self.global_steps = 3
+
+    monkeypatch.setattr(PPOTrainer, "_load_checkpoint", verl_load)
+    resumed = trainer_shell(Every(every=2))
+    resumed.config = trainer.config
+    resumed._load_checkpoint()
+    assert resumed.reference.state_dict() == saved
+    assert resumed.ref_policy_wg.calls == [("load_reference", (str(folder / "reference"),))]
+
+
+def test_a_frozen_reference_is_neither_saved_nor_loaded(tmp_path, monkeypatch):
+    from omegaconf import OmegaConf
+    from verl.trainer.ppo.v1.trainer_base import PPOTrainer
+
+    monkeypatch.setattr(PPOTrainer, "_save_checkpoint", lambda self: None)
+    trainer = trainer_shell("frozen")
+    trainer.config = OmegaConf.create({"trainer": {"default_local_dir": str(tmp_path), "resume_mode": "auto"}})
+    trainer.global_steps = 5
+    trainer._save_checkpoint()
+    assert trainer.ref_policy_wg.calls == [] and (tmp_path / "global_step_5" / "rpg_reference.json").exists()
+
+
+# ---------------------------------------------------------------- the pieces of the worker and the hook
+
+
+def test_copy_shards_copies_in_place_across_dtypes_and_refuses_other_sharding():
+    torch.manual_seed(0)
+    actor, reference = torch.nn.Linear(3, 2), torch.nn.Linear(3, 2).to(torch.bfloat16)
+    storage = reference.weight.data_ptr()
+    assert ref.copy_shards(ref.shards(actor), reference) == 8
+    assert reference.weight.data_ptr() == storage  # in place
+    assert torch.equal(reference.weight, actor.weight.to(torch.bfloat16))
+    with pytest.raises(RuntimeError, match="weight: the actor's shard has shape"):
+        ref.copy_shards(ref.shards(torch.nn.Linear(4, 2)), reference)
+    with pytest.raises(RuntimeError, match="not wrapped like the actor"):
+        ref.copy_shards(ref.shards(torch.nn.Linear(3, 2, bias=False)), reference)
+
+
+def test_batch_reference_kl_reads_verls_jagged_batch_and_skips_padding_rows():
+    from verl.utils import tensordict_utils as tu
+
+    def jagged(rows):
+        return torch.nested.as_nested_tensor([torch.tensor(r) for r in rows], layout=torch.jagged)
+
+    data = tu.get_tensordict({
+        "old_log_probs": jagged([[-1.0, -2.0], [-0.5], [-3.0, -3.0, -3.0]]),
+        "ref_log_prob": jagged([[-1.5, -1.0], [-0.5], [0.0, 0.0, 0.0]]),
+        "response_mask": jagged([[1, 1], [1], [0, 0, 0]]),  # the last: a padding row verl adds for balance
+    })
+    log_rho = torch.tensor([-0.5, 1.0, 0.0])
+    assert ref.batch_reference_kl(data) == pytest.approx(float((log_rho.exp() - 1 - log_rho).mean()), rel=1e-6)

@@ -1,0 +1,482 @@
+"""verl 0.9.1's own worker path on a CPU, for tests/test_verl_workers_cpu.py (run as a script, in a fresh process).
+
+    python tests/verl_cpu_harness.py WORK_DIR OUT_JSON [fsdp|fsdp2]
+
+Builds a tiny random causal LM (rpg_cli.datasets.toy, no download), composes verl's config with the overrides
+rpg generates for an RPG-REINFORCE cell (`launch.overrides`; the spec names the tiny model; fsdp2 also sets
+`actor_rollout_ref.actor.strategy=fsdp2`, which the reference follows), and drives rpg's
+`RPGActorRolloutRefWorker` (verl's `ActorRolloutRefWorker`, role actor_rollout_ref) the way verl's synchronous
+trainer does: init_model, compute_log_prob (old log-probs), compute_ref_log_prob, verl's advantage code,
+update_actor, plus rpg's reference reset, checkpoints and the trainer hook that triggers the reset. Random
+response tokens stand in for vLLM rollouts. It writes what it measured to OUT_JSON; the test module asserts.
+
+Stand-ins, all here and none in the package (each is why verl cannot run on a CPU as shipped):
+- a CPU platform registered with verl's platform hook `set_platform`, and VERL_ENGINE_DEVICE=cuda so that
+  verl's engine registry hands out its FSDP engine (registered for cuda/npu only);
+- a gloo process group of world size 1 (verl would ask for NCCL);
+- attn_implementation=sdpa (verl's default is flash_attention_2);
+- three GPU-only guards lifted: FSDP1's check that module states are on the GPU before `sync_module_states`,
+  `Tensor.pin_memory` (the reference engine's CPU offload pins its shards; here an unpinned copy, so the
+  shard FSDP reads is a tensor of its own as on a GPU machine), and verl's reload of the
+  parameters to the GPU before saving a checkpoint (`load_fsdp_model_to_gpu`);
+- a rollout class that builds nothing (the vLLM server verl would start).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import sys
+import time
+from contextlib import contextmanager
+from pathlib import Path
+
+STARTED = time.perf_counter()
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+PORT = free_port()
+os.environ.update(RANK="0", WORLD_SIZE="1", LOCAL_RANK="0", LOCAL_WORLD_SIZE="1", MASTER_ADDR="127.0.0.1",
+                  MASTER_PORT=str(PORT), VERL_ENGINE_DEVICE="cuda",
+                  VERL_USE_EXTERNAL_MODULES="rpg_cli.backends.verl.plugin")
+
+import torch  # noqa: E402
+import torch.distributed as dist  # noqa: E402
+from verl.plugin.platform import PlatformBase, set_platform  # noqa: E402
+
+
+class _CPUDeviceModule:
+    """torch.cpu, plus the memory and RNG calls verl makes on its device module."""
+
+    def __getattr__(self, name):
+        return getattr(torch.cpu, name)
+
+    def is_available(self):
+        return True
+
+    def current_device(self):
+        return torch.device("cpu")
+
+    def device_count(self):
+        return 1
+
+    def get_device_name(self, *args):
+        return "CPU"  # verl's flops counter: an unknown device, no MFU
+
+    def set_device(self, *args):
+        pass
+
+    def synchronize(self, *args, **kwargs):
+        pass
+
+    def empty_cache(self):
+        pass
+
+    def max_memory_allocated(self, *args, **kwargs):
+        return 0
+
+    max_memory_reserved = memory_allocated = memory_reserved = max_memory_allocated
+
+    def mem_get_info(self, *args, **kwargs):
+        return 0, 0
+
+    def set_per_process_memory_fraction(self, *args, **kwargs):
+        pass
+
+    def get_rng_state(self, *args, **kwargs):
+        return torch.get_rng_state()
+
+    def set_rng_state(self, state, *args, **kwargs):
+        torch.set_rng_state(state)
+
+    def manual_seed(self, seed):
+        torch.manual_seed(seed)
+
+    manual_seed_all = manual_seed
+
+
+class CPUPlatform(PlatformBase):
+    device_name = "cpu"
+    vendor_name = "cpu"
+    device_module = _CPUDeviceModule()
+
+    def is_available(self):
+        return True
+
+    def current_device(self):
+        return torch.device("cpu")  # FSDP's device_id: the CPU
+
+    def device_count(self):
+        return 1
+
+    def set_device(self, device_index):
+        pass
+
+    def synchronize(self, device_index=None):
+        pass
+
+    def manual_seed(self, seed):
+        torch.manual_seed(seed)
+
+    manual_seed_all = manual_seed
+
+    def set_allocator_settings(self, settings):
+        pass
+
+    def empty_cache(self):
+        pass
+
+    def get_device_capability(self, device_index=0):
+        return None, None
+
+    def communication_backend_name(self):
+        return "gloo"
+
+    def visible_devices_envvar(self):
+        return "CUDA_VISIBLE_DEVICES"
+
+    @contextmanager
+    def nvtx_range(self, msg):
+        yield
+
+    def profiler_start(self):
+        pass
+
+    def profiler_stop(self):
+        pass
+
+    def ray_resource_name(self):
+        return "CPU"
+
+    def ray_noset_envvars(self):
+        return []
+
+    def is_ipc_supported(self):
+        return False
+
+    def cudart(self):
+        return None
+
+
+set_platform(CPUPlatform())
+torch.set_num_threads(1)  # a model of 75k parameters: more threads only compete with the rest of the suite
+dist.init_process_group("gloo", rank=0, world_size=1, init_method=f"tcp://127.0.0.1:{PORT}")
+
+import torch.distributed.fsdp._init_utils as fsdp_init  # noqa: E402
+
+fsdp_init._check_module_states_for_sync_module_states = lambda module_states: None  # guard 1
+torch.Tensor.pin_memory = lambda self, *args, **kwargs: self.clone()  # guard 2: a new tensor, as pinning makes
+
+import numpy as np  # noqa: E402
+import verl  # noqa: E402  (loads rpg's plugin: VERL_USE_EXTERNAL_MODULES)
+import verl.workers.engine.fsdp.transformer_impl as fsdp_engine  # noqa: E402
+import verl.workers.engine_workers as engine_workers  # noqa: E402
+from hydra import compose, initialize_config_dir  # noqa: E402
+from omegaconf import OmegaConf  # noqa: E402
+from verl.protocol import DataProto  # noqa: E402
+from verl.trainer.ppo.core_algos import POLICY_LOSS_REGISTRY  # noqa: E402
+from verl.trainer.ppo.v1.utils import compute_advantage_for_multi_trajectories  # noqa: E402
+from verl.utils import tensordict_utils as tu  # noqa: E402
+from verl.workers.rollout.base import BaseRollout  # noqa: E402
+from verl.workers.utils.padding import response_from_nested, response_to_nested  # noqa: E402
+
+fsdp_engine.load_fsdp_model_to_gpu = lambda module: None  # guard 3: parameters stay where they are to be saved
+
+import rpg_cli.backends.verl.plugin as plugin  # noqa: E402
+from rpg_cli.backends.verl import launch  # noqa: E402
+from rpg_cli.backends.verl.reference import (  # noqa: E402
+    RPGActorRolloutRefWorker,
+    RPGTrainer,
+    batch_reference_kl,
+    shards,
+)
+from rpg_cli.datasets.toy import build_model, build_tokenizer  # noqa: E402
+from rpg_cli.spec import ExperimentSpec, ReferenceTracker  # noqa: E402
+
+
+class NoRollout(BaseRollout):
+    """The vLLM server verl would start: nothing (responses are random tokens here)."""
+
+    def __init__(self, config, model_config, device_mesh):
+        pass
+
+    async def resume(self, tags):
+        pass
+
+    async def update_weights(self, *args, **kwargs):
+        pass
+
+    async def release(self):
+        pass
+
+
+engine_workers.get_rollout_class = lambda name, mode="async": NoRollout
+
+
+class LocalGroup:
+    """A worker group of one in-process worker: a ONE_TO_ALL call returns the list of per-rank results."""
+
+    def __init__(self, worker):
+        self.worker = worker
+
+    def __getattr__(self, name):
+        method = getattr(self.worker, name)
+        return lambda *args, **kwargs: [method(*args, **kwargs)]
+
+
+# ---------------------------------------------------------------- the cell and the worker
+
+
+def cell(model_dir: Path, data: Path) -> ExperimentSpec:
+    """An RPG-REINFORCE cell as a sweep would expand it for verl: schedule-free, clipped, a reference reset
+    every 2 steps, 4 prompts x 4 responses in 2 mini-batches (so the second update is off-policy)."""
+    return ExperimentSpec.model_validate(dict(
+        algorithm="rpg_reinforce", kl="urkl", beta=0.05, clip={"eps_low": 0.2, "eps_high": 0.28, "c": 10.0},
+        optimizer="schedule_free", context="2k", reference={"every": 2}, model=str(model_dir),
+        data={"train_files": [str(data)]}, train_batch_size=4, rollout_n=4, ppo_mini_batch_size=2, lr=1e-2,
+        steps=10, seed=0, save_every=1, backend="verl", resources={"nodes": 1, "gpus_per_node": 1, "cpus": 1}))
+
+
+def composed_config(spec: ExperimentSpec, run_dir: Path, strategy: str):
+    overrides = launch.overrides(spec, run_dir) + [f"actor_rollout_ref.actor.strategy={strategy}"]
+    overrides.append("+actor_rollout_ref.model.override_config.attn_implementation=sdpa")  # stand-in: no flash-attn
+    with initialize_config_dir(config_dir=str(Path(verl.__file__).parent / "trainer" / "config"), version_base=None):
+        cfg = compose(config_name="ppo_trainer", overrides=overrides)
+    OmegaConf.resolve(cfg)
+    return cfg
+
+
+def random_batch(vocab: int, groups: int, n: int, seed: int):
+    """`groups` prompts x `n` random responses, as verl's agent loop puts them into its TransferQueue
+    (jagged prompts, responses, masks, input_ids, position_ids; the score on the last response token)."""
+    g = torch.Generator().manual_seed(seed)
+    rows, keys = [], []
+    for group in range(groups):
+        prompt = torch.randint(3, vocab, (int(torch.randint(3, 7, (1,), generator=g)),), generator=g)
+        uid = f"p{seed}g{group}"
+        for j in range(n):
+            response = torch.randint(3, vocab, (int(torch.randint(1, 11, (1,), generator=g)),), generator=g)
+            ids = torch.cat([prompt, response])
+            scores = torch.zeros(len(response))
+            scores[-1] = float(torch.randint(0, 2, (1,), generator=g))
+            rows.append(dict(prompts=prompt, responses=response, response_mask=torch.ones(len(response), dtype=torch.long),
+                             loss_mask=torch.ones(len(response), dtype=torch.long), input_ids=ids,
+                             position_ids=torch.arange(len(ids)), rm_scores=scores))
+            keys.append(f"{uid}_{j}_0")
+    return tu.list_of_dict_to_tensordict(rows), keys
+
+
+def with_info(data, **info):
+    data = data.clone()
+    tu.assign_non_tensor(data, **info)
+    return data
+
+
+def old_log_probs(worker, data, temperature: float):
+    """What the trainer's `_compute_old_log_prob` asks the actor for."""
+    out = worker.compute_log_prob(with_info(data, calculate_entropy=True, compute_loss=False, temperature=temperature))
+    return response_from_nested(out["log_probs"], data["response_mask"])
+
+
+def ref_log_probs(worker, data, temperature: float):
+    """What the trainer's `_compute_ref_log_prob` asks the reference for."""
+    out = worker.compute_ref_log_prob(with_info(data, calculate_entropy=False, compute_loss=False, temperature=temperature))
+    return response_from_nested(out["log_probs"], data["response_mask"])
+
+
+def advantages(cfg, data, keys):
+    """verl's advantage code, called as the trainer's `_compute_advantage` calls it."""
+    padded = DataProto(batch=data.select("response_mask", "rm_scores", "old_log_probs", "ref_log_prob").to_padded_tensor())
+    padded.batch["token_level_scores"] = padded.batch["rm_scores"]
+    padded.batch["token_level_rewards"] = padded.batch["rm_scores"]
+    padded.non_tensor_batch["uid"] = np.array([k.split("_")[0] for k in keys], dtype=object)
+    out = compute_advantage_for_multi_trajectories(
+        padded, batch_keys=keys, adv_estimator=cfg.algorithm.adv_estimator, gamma=cfg.algorithm.gamma,
+        lam=cfg.algorithm.lam, num_repeat=cfg.actor_rollout_ref.rollout.n,
+        norm_adv_by_std_in_grpo=cfg.algorithm.norm_adv_by_std_in_grpo, config=cfg.algorithm)
+    return response_to_nested(out.batch["advantages"], data["response_mask"])
+
+
+def update_info(cfg) -> dict:
+    """The extra info the trainer's `_update_actor` attaches."""
+    actor, rollout = cfg.actor_rollout_ref.actor, cfg.actor_rollout_ref.rollout
+    mini = actor.ppo_mini_batch_size * rollout.n
+    return dict(calculate_entropy=actor.entropy_coeff != 0.0, distillation_use_topk=False, distillation_only=False,
+                global_batch_size=mini, mini_batch_size=mini, epochs=actor.ppo_epochs, seed=actor.data_loader_seed,
+                dataloader_kwargs={"shuffle": actor.shuffle}, temperature=rollout.temperature)
+
+
+def max_diff(a, b) -> float:
+    return float((a.values().float() - b.values().float()).abs().max())
+
+
+def actor_shards(worker) -> dict[str, torch.Tensor]:
+    return {name: shard.detach().clone() for name, shard in shards(worker.actor.engine.module).items()}
+
+
+def same_shards(a: dict, b: dict) -> float:
+    return max(float((a[k] - b[k]).abs().max()) for k in a)
+
+
+# ---------------------------------------------------------------- the run
+
+
+def main(work: Path, out_path: Path, strategy: str) -> None:
+    out: dict = {"verl_version": verl.__version__, "strategy": strategy}
+    work.mkdir(parents=True, exist_ok=True)
+    tokenizer = build_tokenizer()
+    model = build_model(tokenizer, seed=0)
+    model.save_pretrained(work / "model")
+    tokenizer.save_pretrained(work / "model")
+    data_file = work / "train.parquet"
+    data_file.write_bytes(b"")  # the worker never reads training data; the spec wants a path
+    spec = cell(work / "model", data_file)
+    cfg = composed_config(spec, work / "run", strategy)
+    out["trainer_mode"] = cfg.trainer.v1.trainer_mode
+    out["loss_mode"] = cfg.actor_rollout_ref.actor.policy_loss.loss_mode
+    temperature = cfg.actor_rollout_ref.rollout.temperature
+
+    # who is called: a counter around the registered loss, a spy on the math it delegates to
+    calls = {"loss": 0, "ref_seen": []}
+    registered = POLICY_LOSS_REGISTRY[spec.loss_name]
+
+    def counting_loss(*args, **kwargs):
+        calls["loss"] += 1
+        return registered(*args, **kwargs)
+
+    POLICY_LOSS_REGISTRY[spec.loss_name] = counting_loss
+    math = plugin.policy_loss
+
+    def spying_policy_loss(name, **kwargs):
+        ref, mask = kwargs.get("ref_log_prob"), kwargs["response_mask"].bool()
+        calls["ref_seen"].append(None if ref is None else ref[mask].detach().float().tolist())
+        return math(name, **kwargs)
+
+    plugin.policy_loss = spying_policy_loss
+
+    worker = RPGActorRolloutRefWorker(config=cfg.actor_rollout_ref, role="actor_rollout_ref")
+    worker.init_model()
+    out["optimizer"] = type(worker.actor.engine.optimizer).__module__ + "." + type(worker.actor.engine.optimizer).__name__
+    out["engines"] = [type(worker.actor.engine.module).__name__, type(worker.ref.engine.module).__name__]
+    out["init_s"] = time.perf_counter() - STARTED
+
+    # the trainer's hook, on a trainer shell whose worker group is this worker
+    trainer = RPGTrainer.__new__(RPGTrainer)
+    trainer.reference = ReferenceTracker(spec.reference)
+    trainer.use_reference_policy = True
+    trainer.ref_policy_wg = LocalGroup(worker)
+    trainer.timing_raw = {}
+
+    def begin_step(step: int) -> None:
+        trainer.global_steps = step
+        trainer.on_step_begin()
+
+    data, keys = random_batch(len(tokenizer), spec.train_batch_size, spec.rollout_n, seed=1)
+
+    # packed sequences under sdpa: verl's log-probs are each sequence's own (a plain HF forward, one sequence)
+    from transformers import AutoModelForCausalLM
+
+    hf = AutoModelForCausalLM.from_pretrained(work / "model", dtype=torch.float32).eval()
+    begin_step(1)
+    old = old_log_probs(worker, data, temperature)
+    with torch.no_grad():
+        gaps, contamination = [], []
+        flat = torch.cat(list(data["input_ids"].unbind()))[None]
+        flat_lp = torch.log_softmax(hf(input_ids=flat).logits[0], -1)
+        offset = 0
+        for i, ids in enumerate(data["input_ids"].unbind()):
+            lp = torch.log_softmax(hf(input_ids=ids[None]).logits[0], -1)
+            n_resp = len(data["responses"].unbind()[i])
+            target = ids[-n_resp:]
+            own = lp[-n_resp - 1:-1].gather(-1, target[:, None])[:, 0]
+            mixed = flat_lp[offset + len(ids) - n_resp - 1: offset + len(ids) - 1].gather(-1, target[:, None])[:, 0]
+            offset += len(ids)
+            gaps.append(float((old.unbind()[i].float() - own).abs().max()))
+            contamination.append(float((mixed - own).abs().max()))
+    out["logprob_gap_to_hf"] = max(gaps)
+    out["cross_sequence_gap"] = max(contamination[1:])  # what attending across sequences would change
+
+    # step 1: the reference is the initial model = the actor
+    ref = ref_log_probs(worker, data, temperature)
+    out["step1_ref_minus_actor"] = max_diff(ref, old)
+    data.set("old_log_probs", old)
+    data.set("ref_log_prob", ref)
+    trainer.reference.observe(batch_reference_kl(data))
+    data.set("advantages", advantages(cfg, data, keys))
+    out["advantages_nonzero"] = bool(data["advantages"].values().abs().sum() > 0)
+
+    # summed micro-batch losses equal the full batch's (forward only, the same loss function and normalisation)
+    def loss_with_budget(tokens: int) -> tuple[float, int]:
+        before = calls["loss"]
+        info = {**update_info(cfg), "global_batch_size": len(keys)}  # the whole batch is one mini-batch here
+        probe = with_info(data, **info, compute_loss=True, max_token_len_per_gpu=tokens)
+        result = worker.actor.infer_batch(probe)
+        return float(tu.get(result, "metrics")["loss"]), calls["loss"] - before
+
+    longest = max(len(x) for x in data["input_ids"].unbind())
+    out["loss_whole"], out["micro_whole"] = loss_with_budget(10_000)
+    out["loss_split"], out["micro_split"] = loss_with_budget(longest)
+    # bf16 forwards of other packings round differently: the log-prob noise the loss comparison lives with
+    split = worker.compute_log_prob(with_info(data, calculate_entropy=True, compute_loss=False, temperature=temperature,
+                                              max_token_len_per_gpu=longest))
+    out["split_logprob_gap"] = max_diff(response_from_nested(split["log_probs"], data["response_mask"]), old)
+    calls["ref_seen"].clear()
+
+    before = calls["loss"]
+    metrics = tu.get(worker.update_actor(with_info(data, **update_info(cfg))), "metrics")
+    out["update_loss_calls"] = calls["loss"] - before
+    out["update_metric_keys"] = sorted(metrics)
+    ref_values = sorted(ref.values().float().tolist())
+    seen = [v for call in calls["ref_seen"] if call is not None for v in call]
+    out["ref_reached_loss"] = {"calls": len(calls["ref_seen"]), "with_ref": sum(c is not None for c in calls["ref_seen"]),
+                               "max_gap": max(abs(a - b) for a, b in zip(sorted(seen), sorted(ref_values * spec.ppo_epochs)))
+                               if len(seen) == len(ref_values) * spec.ppo_epochs else None}
+
+    # after the update: the actor moved, the reference did not
+    old2 = old_log_probs(worker, data, temperature)
+    out["actor_moved"] = max_diff(old2, old)
+    for step in (2, 3):  # every 2: no reset before step 2, a reset before step 3's reference log-probs
+        begin_step(step)
+        ref_now = ref_log_probs(worker, data, temperature)
+        out[f"step{step}_reset"] = trainer.reference.resets
+        out[f"step{step}_ref_minus_actor"] = max_diff(ref_now, old2)
+        data.set("old_log_probs", old2)
+        data.set("ref_log_prob", ref_now)
+        trainer.reference.observe(batch_reference_kl(data))
+        out[f"metrics_step{step}"] = trainer.reference.metrics(step)
+
+    # schedule-free AdamW steps and round-trips a checkpoint (verl's save/load), and so does the reference
+    checkpoint = work / "checkpoint"
+    params_at_save = actor_shards(worker)
+    worker.save_checkpoint(str(checkpoint / "actor"))
+    worker.save_reference(str(checkpoint / "reference"))
+    optimizer = worker.actor.engine.optimizer
+    out["optimizer_steps_at_save"] = int(optimizer.param_groups[0]["k"])
+    worker.update_actor(with_info(data, **update_info(cfg)))
+    out["optimizer_steps_after_update"] = int(optimizer.param_groups[0]["k"])
+    after_first = actor_shards(worker)
+    out["params_moved_by_update"] = same_shards(after_first, params_at_save)
+    worker.reset_reference()  # the reference moves on too
+    moved_ref = max_diff(ref_log_probs(worker, data, temperature), old2)
+    worker.load_checkpoint(str(checkpoint / "actor"))
+    worker.load_reference(str(checkpoint / "reference"))
+    out["params_restored"] = same_shards(actor_shards(worker), params_at_save)
+    out["optimizer_steps_restored"] = int(optimizer.param_groups[0]["k"])
+    out["ref_restored_minus_saved_actor"] = max_diff(ref_log_probs(worker, data, temperature), old2)
+    out["ref_before_restore_minus_saved_actor"] = moved_ref
+    worker.update_actor(with_info(data, **update_info(cfg)))
+    out["repeat_update_gap"] = same_shards(actor_shards(worker), after_first)
+    out["elements_copied"] = worker.reset_reference()
+    out["actor_elements"] = sum(p.numel() for p in shards(worker.actor.engine.module).values())
+    out["total_s"] = time.perf_counter() - STARTED
+    out_path.write_text(json.dumps(out, indent=1))
+
+
+if __name__ == "__main__":
+    main(Path(sys.argv[1]), Path(sys.argv[2]), sys.argv[3] if len(sys.argv) > 3 else "fsdp")
