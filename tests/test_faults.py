@@ -307,7 +307,7 @@ def full_dir(tmp_path):
 
 
 def test_a_sweep_into_a_read_only_runs_directory_is_one_line_and_writes_nothing(read_only_dir, tmp_path):
-    from test_sweep_cli import write_inputs
+    from run_inputs import write_inputs
 
     write_inputs(tmp_path, REPO / "experiments" / "smoke.yaml")
     db = tmp_path / "results.db"

@@ -14,6 +14,7 @@ import pytest
 from typer.testing import CliRunner
 
 from rpg_cli.cli import app
+from run_inputs import write_inputs
 
 REPO = Path(__file__).resolve().parents[1]
 EXPERIMENTS = REPO / "experiments"
@@ -28,24 +29,6 @@ def rpg(*args: str, cwd: Path) -> subprocess.CompletedProcess:
 
 def snapshot(root: Path) -> dict[str, tuple[int, int]]:
     return {str(p.relative_to(root)): (p.stat().st_size, p.stat().st_mtime_ns) for p in root.rglob("*")}
-
-
-def write_inputs(root: Path, sweep_file: Path) -> None:
-    """What the runs of a sweep read, under `root`: its data files (one verl row each) and its local
-    model directories (a config.json); hub models are left to the Hugging Face cache."""
-    import pyarrow as pa
-    import pyarrow.parquet as pq
-
-    from rpg_cli.datasets import VERL_SCHEMA, verl_row
-    from rpg_cli.spec import load_sweep
-
-    for spec in load_sweep(sweep_file).expand():
-        for name in (*spec.data.train_files, *spec.data.val_files):
-            (root / name).parent.mkdir(parents=True, exist_ok=True)
-            pq.write_table(pa.Table.from_pylist([verl_row("1+1?", "2", "toy", 0)], schema=VERL_SCHEMA), root / name)
-        if spec.model.count("/") != 1:  # a local directory
-            (root / spec.model).mkdir(parents=True, exist_ok=True)
-            (root / spec.model / "config.json").write_text('{"max_position_embeddings": 32}')
 
 
 @pytest.fixture
