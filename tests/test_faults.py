@@ -415,3 +415,71 @@ def test_report_output_that_cannot_be_written_is_one_line_and_leaves_nothing(fau
     fix = {"read-only": "read-only", "full": "disk is full", "no permission": "permissions"}[fault.split(" (")[0]]
     assert fix in line, line
     assert sorted(target.iterdir()) == before  # no table, no temporary file
+
+
+# --------------------------------------------- items 10, 11: inputs checked before a GPU is paid for
+
+
+def write_checked_inputs(root: Path) -> None:
+    """Data files of verl's columns (a prompt template around 3, or 40, words: 45 or 82 words), one
+    without them, and a model of 64 positions whose tokenizer reads one token per word (no chat
+    template: the prompt's text alone)."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+    from tokenizers import Tokenizer, models, pre_tokenizers
+
+    from rpg_cli.datasets import VERL_SCHEMA, verl_row
+
+    (root / "data").mkdir()
+    for name, words in (("short", 3), ("long", 40)):
+        rows = [verl_row("x " * 3, "2", "toy", 0), verl_row("x " * words, "2", "toy", 1)]
+        assert max(len(row["prompt"][0]["content"].split()) for row in rows) == {"short": 45, "long": 82}[name]
+        pq.write_table(pa.Table.from_pylist(rows, schema=VERL_SCHEMA), root / "data" / f"{name}.parquet")
+    pq.write_table(pa.table({"question": ["1+1?"], "answer": ["2"]}), root / "data" / "columns.parquet")
+    model = root / "model"
+    model.mkdir()
+    tokenizer = Tokenizer(models.WordLevel({"[UNK]": 0, "x": 1}, unk_token="[UNK]"))
+    tokenizer.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    tokenizer.save(str(model / "tokenizer.json"))
+    (model / "config.json").write_text(json.dumps({"max_position_embeddings": 64}))
+
+
+@pytest.mark.parametrize(
+    "change, expected",
+    [
+        ({"data": {"train_files": ["data/nowhere.parquet"]}}, "data.train_files: data/nowhere.parquet does not exist"),
+        ({"data": {"val_files": ["data/columns.parquet"]}},
+         "data.val_files: data/columns.parquet lacks the column(s) verl needs: prompt, reward_model.ground_truth, "
+         "data_source; write it with `rpg prepare-data`"),
+        ({"model": "data/toy/model"}, "model: data/toy/model does not exist"),
+        ({"data": {"train_files": ["data/long.parquet"]}},
+         "data.train_files: data/long.parquet: the longest prompt is 82 tokens but model has 64 positions"),
+    ],
+    ids=["missing-file", "missing-columns", "missing-model", "prompt-too-long"],
+)
+def test_inputs_a_run_would_fail_on_are_refused_by_the_dry_run_and_before_any_submission(change, expected, tmp_path,
+                                                                                        monkeypatch):  # fmt: skip
+    """Such runs once passed the dry run and failed 9-38 s into each job, after their run directory and
+    database row existed (a 258-token prompt on a 32-position model even "succeeded")."""
+    write_checked_inputs(tmp_path)
+    from rpg_cli.spec import load_sweep
+
+    base = {**load_sweep(REPO / "experiments" / "smoke.yaml").base, "algorithm": "grpo", "kl": "none",
+            "reference": "frozen", "model": "model",
+            "data": {"train_files": ["data/short.parquet"], "val_files": ["data/short.parquet"]}}  # fmt: skip
+    spec = {**base, **change, "data": {**base["data"], **change.get("data", {})}}
+    (tmp_path / "s.yaml").write_text(json.dumps({"name": "s", "base": spec}))
+    monkeypatch.chdir(tmp_path)
+    common = ["--db", str(tmp_path / "results.db"), "--runs-dir", str(tmp_path / "runs")]
+    dry = CliRunner().invoke(app, ["sweep", "s.yaml", "--dry-run", *common])
+    assert dry.exit_code == 2 and "Traceback" not in dry.output
+    assert any(line.startswith("rpg sweep: error: ") and expected in line for line in dry.stderr.splitlines()), dry.stderr
+    real = CliRunner().invoke(app, ["sweep", "s.yaml", *common])
+    assert real.exit_code == 2 and expected in one_line(real)
+    assert not (tmp_path / "runs").exists() and not (tmp_path / "results.db").exists()  # no head, directory or row
+    # the same run on inputs that fit: the dry run passes, and says what it could not check
+    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "hub"))
+    (tmp_path / "s.yaml").write_text(json.dumps({"name": "s", "base": {**base, "model": "Owner/Uncached"}}))
+    fine = CliRunner().invoke(app, ["sweep", "s.yaml", "--dry-run", *common])
+    assert fine.exit_code == 0, fine.output
+    assert "model: could not check Owner/Uncached: it is not in the local Hugging Face cache" in fine.stderr
