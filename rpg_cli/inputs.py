@@ -4,9 +4,8 @@ the local backend's job before it loads anything.
 
     check_run(spec) -> [Finding]    errors (the run would fail) and notes (what could not be checked)
 
-Cheap by construction, so that the dry run stays fast: a parquet file's columns come from its footer,
-read here with the standard library; a model is a local directory or an entry of the local Hugging
-Face cache (nothing is downloaded); prompts are counted with the `tokenizers` library on the model's
+Cheap by construction, so that the dry run stays fast: a parquet file's columns come from its footer;
+a model is a local directory or an entry of the local Hugging Face cache (nothing is downloaded); prompts are counted with the `tokenizers` library on the model's
 tokenizer.json (no torch, no transformers), only when that file is here, and exactly only where the
 prompt's length in bytes could exceed the limit (a token of a byte-level or character tokenizer
 covers at least one byte). A check that cannot be made cheaply is said, never skipped silently.
@@ -91,97 +90,25 @@ def parquet_schema(path: str | Path) -> tuple[frozenset[str], int]:
 
 @functools.lru_cache(maxsize=256)
 def _parquet_schema(path: str, _mtime_ns: int, _size: int) -> tuple[frozenset[str], int]:
-    with open(path, "rb") as f:
-        size = f.seek(0, os.SEEK_END)
-        if size < 12:
-            raise ValueError("too short")
-        f.seek(size - 8)
-        tail = f.read(8)
-        if tail[4:] != b"PAR1":
-            raise ValueError("no parquet footer" if tail[4:] != b"PARE" else "an encrypted footer")
-        length = int.from_bytes(tail[:4], "little")
-        if length + 12 > size:
-            raise ValueError("a footer longer than the file")
-        f.seek(size - 8 - length)
-        footer = f.read(length)
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
     try:
-        meta = _Thrift(footer).struct()  # parquet's FileMetaData: 2 schema, 3 num_rows
-        elements = meta.get(2) or []
-        columns: set[str] = set()
+        meta = pq.read_metadata(path)
+        schema = meta.schema.to_arrow_schema()
+    except (pa.ArrowException, OSError) as exc:  # pyarrow's message ends in a hint at the cause; the first clause is enough
+        raise ValueError(str(exc).split(". ")[0].rstrip(".")) from None
+    columns: set[str] = set()
 
-        def walk(i: int, prefix: str) -> int:  # depth first: an element's children follow it
-            name = prefix + elements[i][4].decode("utf-8", "replace")
-            columns.add(name)
-            i += 1
-            for _ in range(elements[i - 1].get(5, 0)):
-                i = walk(i, name + ".")
-            return i
+    def walk(field: pa.Field, prefix: str) -> None:
+        columns.add(prefix + field.name)
+        if pa.types.is_struct(field.type):
+            for child in field.type:
+                walk(child, prefix + field.name + ".")
 
-        i = 1
-        for _ in range(elements[0].get(5, 0) if elements else 0):
-            i = walk(i, "")
-        return frozenset(columns), int(meta.get(3, 0))
-    except (IndexError, KeyError, AttributeError, TypeError, RecursionError):
-        raise ValueError("a damaged footer") from None
-
-
-class _Thrift:
-    """Just enough of Thrift's compact protocol (the encoding of parquet's footer) to read it."""
-
-    def __init__(self, data: bytes):
-        self.data, self.pos = data, 0
-
-    def byte(self) -> int:
-        self.pos += 1
-        return self.data[self.pos - 1]
-
-    def varint(self) -> int:
-        out = shift = 0
-        while True:
-            b = self.byte()
-            out |= (b & 0x7F) << shift
-            if b < 0x80:
-                return out
-            shift += 7
-
-    def zigzag(self) -> int:
-        n = self.varint()
-        return (n >> 1) ^ -(n & 1)
-
-    def value(self, kind: int) -> Any:
-        if kind in (1, 2):  # a bool field: the type is the value
-            return kind == 1
-        if kind == 3:
-            return self.byte()
-        if kind in (4, 5, 6):
-            return self.zigzag()
-        if kind == 7:
-            self.pos += 8
-            return None
-        if kind == 8:
-            n = self.varint()
-            self.pos += n
-            return self.data[self.pos - n : self.pos]
-        if kind in (9, 10):  # list, set
-            head = self.byte()
-            n, element = head >> 4, head & 0x0F
-            n = self.varint() if n == 15 else n
-            return [self.byte() == 1 if element in (1, 2) else self.value(element) for _ in range(n)]
-        if kind == 11:  # map
-            n = self.varint()
-            types = self.byte() if n else 0
-            return {self.value(types >> 4): self.value(types & 0x0F) for _ in range(n)}
-        if kind == 12:
-            return self.struct()
-        raise ValueError(f"unknown thrift type {kind}")
-
-    def struct(self) -> dict[int, Any]:
-        out: dict[int, Any] = {}
-        field = 0
-        while (head := self.byte()) != 0:
-            field = field + (head >> 4) if head >> 4 else self.zigzag()
-            out[field] = self.value(head & 0x0F)
-        return out
+    for field in schema:
+        walk(field, "")
+    return frozenset(columns), meta.num_rows
 
 
 def _stamp(path: Path) -> tuple[int, int]:
