@@ -6,6 +6,7 @@ them, so that `rpg --help` and `rpg sweep --dry-run` answer at once.
 
 from __future__ import annotations
 
+import functools
 import inspect
 
 import typer
@@ -27,12 +28,28 @@ app = typer.Typer(
 
 def _command(name: str | None = None):
     """`app.command`, with the docstring as help that wraps to the terminal: each paragraph becomes
-    one line (rich wraps it), indented blocks (the examples) stay line by line."""
+    one line (rich wraps it), indented blocks (the examples) stay line by line. A file the command
+    cannot write or read (read-only, full disk, no permission) ends it with one line naming the path
+    and the fix, exit 2."""
 
     def register(function):
         paragraphs = inspect.cleandoc(function.__doc__ or "").split("\n\n")
         text = "\n\n".join(p if p.startswith(" ") else " ".join(p.split()) for p in paragraphs)
-        return app.command(name, help=text)(function)
+
+        @functools.wraps(function)
+        def command(*args, **kwargs):
+            from rpg_cli.rundir import known_failure, os_error_line
+
+            try:
+                return function(*args, **kwargs)
+            except OSError as e:
+                _fail(name or function.__name__, OSError(os_error_line(e)))
+            except Exception as e:  # a full disk met by a library that does not raise OSError (torch.save, safetensors)
+                if isinstance(e, typer.Exit) or not (line := known_failure(f"{type(e).__name__}: {e}")):
+                    raise
+                _fail(name or function.__name__, RuntimeError(line))
+
+        return app.command(name, help=text)(command)
 
     return register
 
@@ -193,7 +210,7 @@ def sweep(
     try:
         states = known_states(db, plans)
     except Exception as e:  # a store we cannot read must not hide the plan
-        typer.echo(f"rpg sweep: cannot read run states from {db} ({type(e).__name__}: {e}); showing them as unknown", err=True)
+        _warn("sweep", f"cannot read run states from {db} ({type(e).__name__}: {e}); showing them as unknown")
         states = {p.id: "unknown" for p in plans}
     if output_format == "json":
         import json
@@ -203,8 +220,21 @@ def sweep(
         rows = [{"id": p.id, "name": p.name, "spec": p.spec, "state": states[p.id], "entrypoint": p.entrypoint,
                  "validation": (cost := validation_cost(p.spec)) and cost.as_dict()} for p in plans]
         typer.echo(json.dumps(rows, indent=2))
-        return
-    _print_sweep_plan(plans, states, retry_failed)
+    else:
+        _print_sweep_plan(plans, states, retry_failed)
+    if _print_checks(plans, states, retry_failed):
+        raise typer.Exit(2)
+
+
+def _print_checks(plans: list, states: dict[str, str], retry_failed: bool) -> bool:
+    """The inputs of the runs to start, checked (data files, model, prompt lengths): one line each on
+    stderr; returns whether any is an error."""
+    from rpg_cli.orchestration.plan import check_line, check_plans
+
+    checks = check_plans(plans, states, retry_failed)
+    for check in checks:
+        _warn("sweep", check_line(check, len(plans)))
+    return any(c.finding.error for c in checks)
 
 
 def _print_sweep_plan(plans: list, states: dict[str, str], retry_failed: bool) -> None:
@@ -340,6 +370,8 @@ def report(
     metrics: str = typer.Option(None, "--metrics", metavar="M[,M]", help="--plot panels: reward, entropy, response_length, kl, reference_kl, reference_age, val (one per benchmark), or any logged key. Default: those of these that were logged."),
     smooth: int = typer.Option(1, "--smooth", min=1, metavar="N", help="--plot: moving average over N logged steps."),
     db: str = typer.Option(None, "--db", metavar="URL", help=_DB_HELP),
+    address: str = typer.Option(None, "--address", metavar="ADDRESS", help=_ADDRESS_HELP),
+    runs_dir: str = typer.Option("runs", "--runs-dir", metavar="PATH", help=_RUNS_DIR_HELP),
 ) -> None:
     """Print the paper's Last/Best tables (and training-dynamics plots) from the results store.
 
@@ -367,6 +399,7 @@ def report(
         _fail("report", ValueError("--output names the table file or the plots directory: use it with --table or --plot, not both"))
     with _open_store("report", db) as store:
         try:
+            _reconcile("report", store, store.runs(sweep=sweep_name), address, runs_dir)  # runs that ended unwatched
             if table or not plot:
                 fmt = output_format or (rp.FORMAT_BY_SUFFIX.get(Path(output).suffix.lower(), "table") if output else "table")
                 wanted = [b.strip() for b in benchmarks.split(",") if b.strip()] if benchmarks else None
@@ -421,8 +454,15 @@ def _render_report_table(built, to_text: bool = False) -> str:
 
 
 def _fail(command: str, error: Exception, code: int = 2) -> None:
-    typer.echo(f"rpg {command}: {error}", err=True)
+    _warn(command, str(error))
     raise typer.Exit(code)
+
+
+def _warn(command: str, message: str) -> None:
+    """One line on stderr, passwords in URLs masked (every message rpg prints goes through here or `_say`)."""
+    from rpg_cli.store.url import redact
+
+    typer.echo(redact(f"rpg {command}: {message}"), err=True)
 
 
 def _console():
@@ -450,11 +490,26 @@ def _status_text(status: str) -> str:
     return f"[{_STATUS_STYLE.get(status, '')}]{status}[/]"
 
 
-def _error_line(error: str | None, width: int = 60) -> str:
+def _error_line(error: str | None, width: int | None = 60) -> str:
+    """The failure reason on one line: its last line, cut to `width` characters (None: whole)."""
     from rpg_cli.rundir import last_lines
 
     line = last_lines(error or "")
-    return line[: width - 1] + "…" if len(line) > width else line
+    return line[: width - 1] + "…" if width is not None and len(line) > width else line
+
+
+def _reconcile(command: str, store, runs: list, address: str | None, runs_dir: str, quiet: bool = False) -> frozenset:
+    """Bring the live ones among `runs` up to what Ray knows before showing them; the ids of those it
+    could not check (shown as stored, possibly stale), with one line saying why unless `quiet`."""
+    from pathlib import Path
+
+    from rpg_cli.orchestration.sweep import reconcile
+
+    result = reconcile(store, runs, address=address, runs_dir=Path(runs_dir))
+    if result.unconfirmed and not quiet:
+        _warn(command, f"{len(result.unconfirmed)} live run(s) shown as last recorded, possibly stale "
+                       f"(marked ?): {result.why}")  # fmt: skip
+    return result.unconfirmed
 
 
 @_command("runs")
@@ -463,17 +518,23 @@ def runs_command(
     status: str = typer.Option(None, "--status", metavar="STATE[,STATE]", help="Only runs in these states: pending, submitted, running, succeeded, failed, stopped."),
     where: list[str] = typer.Option(None, "--where", metavar="FIELD=VALUE", help="Only runs whose spec matches: FIELD=V[,V...] or FIELD!=V; dotted paths reach nested fields (clip.eps_low=0.1). Repeatable; all must hold."),
     output_format: str = typer.Option("table", "--format", metavar="table|csv|json", help="A terminal table, or every column as CSV or JSON."),
+    wide: bool = typer.Option(False, "--wide", metavar="", help="Show each failure reason whole instead of its first 60 characters."),
     db: str = typer.Option(None, "--db", metavar="URL", help=_DB_HELP),
+    address: str = typer.Option(None, "--address", metavar="ADDRESS", help=_ADDRESS_HELP),
+    runs_dir: str = typer.Option("runs", "--runs-dir", metavar="PATH", help=_RUNS_DIR_HELP),
 ) -> None:
     """List runs: seed, state, attempts, last step, reward and validation accuracy, wall time.
 
     The reward is the last critic/score/mean logged; the validation accuracy the mean over benchmarks
-    of each one's last val-core mean@k.
+    of each one's last val-core mean@k. Runs recorded as live are first checked with the Ray cluster
+    (a run that finished unwatched shows as finished); when no cluster answers, they are shown as
+    last recorded, marked ?.
 
     Examples:
 
       rpg runs --where algorithm=rpg --where kl=ufkl,urkl
       rpg runs --sweep smoke --format csv
+      rpg runs --status failed --wide
     """
     from rpg_cli.report import ReportError, runs_summary, summary_csv, wall_text
     from rpg_cli.states import STATUSES
@@ -489,11 +550,12 @@ def runs_command(
     except NoStoreError as e:
         if isinstance(e, EmptyStoreError):
             _fail("runs", e)
-        typer.echo(f"rpg runs: no runs recorded yet ({e})", err=True)
+        _warn("runs", f"no runs recorded yet ({e})")
         return
     except StoreError as e:
         _fail("runs", e)
     try:
+        stale = _reconcile("runs", store, store.runs(sweep=sweep_name), address, runs_dir)
         rows = runs_summary(store, sweep_name, wanted, where or [])
     except ReportError as e:
         _fail("runs", e)
@@ -513,27 +575,23 @@ def runs_command(
     numeric = ("seed", "attempts", "step", "reward", "val acc", "wall")
     for column in ("sweep", "name", "id", "seed", "status", "attempts", "step", "reward", "val acc", "wall", "started (UTC)", "error"):
         table.add_column(column, justify="right" if column in numeric else "left", no_wrap=column not in ("name", "error"))
+    cut = 0
     for r in rows:
+        error = _error_line(r["error"], width=None if wide else 60)
+        cut += error.endswith("…")
         table.add_row(
-            r["sweep"], r["name"], r["id"], "-" if r["seed"] is None else str(r["seed"]), _status_text(r["status"]),
+            r["sweep"], r["name"], r["id"], "-" if r["seed"] is None else str(r["seed"]),
+            _status_text(r["status"]) + ("?" if r["id"] in stale else ""),
             str(r["attempts"]), "-" if r["step"] is None else str(r["step"]),
             "-" if r["reward"] is None else f"{r['reward']:.4f}",
             "-" if r["val"] is None else f"{r['val']:.4f}",
-            wall_text(r["wall_s"]), (r["started"] or "-")[:16], _error_line(r["error"]),
+            wall_text(r["wall_s"]), (r["started"] or "-")[:16], error.replace("[", r"\["),
         )  # fmt: skip
     console = _console()
     console.print(table)
     counts = {s: sum(r["status"] == s for r in rows) for s in STATUSES}
-    console.print(f"{len(rows)} runs: " + ", ".join(f"{n} {s}" for s, n in counts.items() if n), highlight=False)
-
-
-def _one_run(command: str, ref: str, db: str | None):
-    with _open_store(command, db) as store:
-        found = store.resolve(ref)
-    if len(found) != 1:
-        why = "is not a run id, id prefix, name or sweep in the store" if not found else f"names {len(found)} runs (a sweep?)"
-        _fail(command, LookupError(f"{ref!r} {why}; give one run's id or name (`rpg runs` lists them)"))
-    return found[0]
+    console.print(f"{len(rows)} runs: " + ", ".join(f"{n} {s}" for s, n in counts.items() if n)
+                  + (f" ({cut} failure reason(s) cut short: --wide shows them whole)" if cut else ""), highlight=False)  # fmt: skip
 
 
 @_command("logs")
@@ -550,11 +608,18 @@ def logs_command(
     from rpg_cli.orchestration.head import ClusterError
     from rpg_cli.orchestration.sweep import job_logs
     from rpg_cli.store import StoreError
+    from rpg_cli.store.url import redact
 
-    record = _one_run("logs", run, db)
+    with _open_store("logs", db) as store:
+        found = store.resolve(run)
+        if len(found) != 1:
+            why = "is not a run id, id prefix, name or sweep in the store" if not found else f"names {len(found)} runs (a sweep?)"
+            _fail("logs", LookupError(f"{run!r} {why}; give one run's id or name (`rpg runs` lists them)"))
+        _reconcile("logs", store, found, address, runs_dir, quiet=True)  # a finished job's log is saved as job.log
+        record = store.run(found[0].id)
     try:
         for chunk in job_logs(record, address=address, runs_dir=Path(runs_dir), follow=follow):
-            typer.echo(chunk, nl=False)
+            typer.echo(redact(chunk), nl=False)
     except (ClusterError, StoreError) as e:
         _fail("logs", e)
     except KeyboardInterrupt:
@@ -568,7 +633,11 @@ def cancel_command(
     address: str = typer.Option(None, "--address", metavar="ADDRESS", help=_ADDRESS_HELP),
     runs_dir: str = typer.Option("runs", "--runs-dir", metavar="PATH", help=_RUNS_DIR_HELP),
 ) -> None:
-    """Stop a run's job, or every unfinished run of a sweep; they are recorded as stopped."""
+    """Stop a run's job, or every unfinished run of a sweep; they are recorded as stopped.
+
+    The cluster is asked first: a run whose job has already ended is recorded as it ended (a run that
+    succeeded stays succeeded).
+    """
     from pathlib import Path
 
     from rpg_cli.orchestration.head import ClusterError
@@ -576,34 +645,38 @@ def cancel_command(
     from rpg_cli.store import DEFAULT_DB_URL, StoreError
 
     try:
-        stopped = cancel(ref, db or DEFAULT_DB_URL, address=address, runs_dir=Path(runs_dir))
+        done = cancel(ref, db or DEFAULT_DB_URL, address=address, runs_dir=Path(runs_dir))
     except (ClusterError, StoreError) as e:
         _fail("cancel", e)
-    if not stopped:
+    if done.finished:
+        typer.echo(f"{len(done.finished)} run(s) had already ended: " + ", ".join(r.name for r in done.finished)
+                   + " (`rpg runs` shows how)")  # fmt: skip
+    if done.stopped:
+        typer.echo(f"stopped {len(done.stopped)} run(s): " + ", ".join(r.name for r in done.stopped))
+    elif not done.finished:
         typer.echo(f"rpg cancel: nothing to stop: every run of {ref!r} has finished")
-        return
-    typer.echo(f"stopped {len(stopped)} run(s): " + ", ".join(r.name for r in stopped))
 
 
 @_command("stop")
 def stop_command(
     runs_dir: str = typer.Option("runs", "--runs-dir", metavar="PATH", help=_RUNS_DIR_HELP),
     db: str = typer.Option(None, "--db", metavar="URL", help=_DB_HELP),
-    force: bool = typer.Option(False, "--force", metavar="", help="Stop it even while runs are live (their jobs die with it)."),
+    force: bool = typer.Option(False, "--force", metavar="", help="Stop it even while jobs run on it (they die with it)."),
 ) -> None:
     """Stop the local Ray head that `rpg sweep` and `rpg eval` started under --runs-dir.
 
-    The head stays up between commands so that the next one starts at once. Results and run
-    directories are kept.
+    The head stays up between commands so that the next one starts at once. It is not stopped while
+    jobs run on it, unless --force. Results and run directories are kept.
     """
     from pathlib import Path
 
+    from rpg_cli.orchestration.head import ClusterError
     from rpg_cli.orchestration.sweep import LiveRunsError, stop
     from rpg_cli.store import DEFAULT_DB_URL
 
     try:
         stopped = stop(Path(runs_dir), db or DEFAULT_DB_URL, force=force)
-    except LiveRunsError as e:
+    except (LiveRunsError, ClusterError) as e:
         _fail("stop", e)
     if stopped:
         typer.echo(f"stopped the local Ray head in {runs_dir}/ray")
@@ -648,6 +721,7 @@ def _watch_sweep(
     from rich.live import Live
 
     from rpg_cli.orchestration.head import ClusterError
+    from rpg_cli.orchestration.plan import PreflightError, check_line, check_plans, known_states, refuse_bad_inputs
     from rpg_cli.orchestration.sweep import run_sweep
     from rpg_cli.store import StoreError
 
@@ -663,8 +737,16 @@ def _watch_sweep(
             last_caption = _progress_caption(snapshot)
             console.print(f"sweep {sweep_name}: {last_caption}", highlight=False)
 
+    try:  # a run that would fail on its inputs: one line, before any head, run directory or row
+        checks = check_plans(plans, known_states(db, plans), retry_failed)
+        for check in checks:
+            if not check.finding.error:
+                _warn("sweep", check_line(check, len(plans)))
+        refuse_bad_inputs(checks, len(plans))
+    except (StoreError, PreflightError) as e:
+        _fail("sweep", e)
     where = address or os.environ.get("RAY_ADDRESS") or f"the local Ray head in {runs_dir}/ray (started on first use, ~15 s)"
-    typer.echo(f"rpg sweep: {sweep_name}: {len(plans)} runs; connecting to {where}", err=True)
+    _warn("sweep", f"{sweep_name}: {len(plans)} runs; connecting to {where}")
     try:
         if live is not None:
             live.start()
@@ -674,7 +756,7 @@ def _watch_sweep(
         typer.echo(f"rpg sweep: stopped following {sweep_name}; its jobs keep running. Run the same command to "
                    f"re-attach, `rpg runs --sweep {sweep_name}` to look, `rpg cancel {sweep_name}` to stop them.", err=True)  # fmt: skip
         raise typer.Exit(130) from None
-    except (ClusterError, StoreError) as e:
+    except (ClusterError, StoreError, PreflightError) as e:
         _fail("sweep", e)
     finally:
         if live is not None:

@@ -17,6 +17,8 @@ a log. Standard library only: the orchestrator, both backends and the evaluation
 
 from __future__ import annotations
 
+import contextlib
+import errno
 import os
 import re
 import secrets
@@ -141,7 +143,8 @@ def as_checkpoint(path: Path) -> tuple[int, Path, Path | None] | None:
 def write_atomic(path: str | Path, data: str | bytes, mode: int = 0o666) -> Path:
     """Write a file whole or not at all (a temporary file beside it, renamed over it); returns its path.
 
-    `mode` is filtered by the umask, as for any new file (0o600: the owner only).
+    `mode` is filtered by the umask, as for any new file (0o600: the owner only). An OSError names
+    `path` (or the directory that could not be made), not the temporary file.
     """
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -150,10 +153,30 @@ def write_atomic(path: str | Path, data: str | bytes, mode: int = 0o666) -> Path
         with open(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, mode), "wb") as f:
             f.write(data.encode("utf-8") if isinstance(data, str) else data)
         os.replace(tmp, path)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
+    except BaseException as exc:
+        with contextlib.suppress(OSError):
+            tmp.unlink(missing_ok=True)
+        if isinstance(exc, OSError) and exc.errno is not None:
+            raise OSError(exc.errno, exc.strerror, str(path)) from None
         raise
     return path
+
+
+_FIX_OF_ERRNO = {
+    errno.ENOSPC: "the disk is full: free space there (df -h shows where), or write elsewhere",
+    errno.EDQUOT: "your disk quota is used up: free space, or write elsewhere",
+    errno.EROFS: "that filesystem is mounted read-only: write elsewhere (another --runs-dir, --output or --db)",
+    errno.EACCES: "you may not write there: fix its permissions, or write elsewhere (another --runs-dir or --output)",
+    errno.EPERM: "you may not write there: fix its permissions, or write elsewhere (another --runs-dir or --output)",
+}
+
+
+def os_error_line(exc: OSError) -> str:
+    """A failed file operation as one line: the path, what went wrong, and what to do about it."""
+    what = exc.strerror or str(exc) or type(exc).__name__
+    where = f"{exc.filename}: " if exc.filename else ""
+    fix = _FIX_OF_ERRNO.get(exc.errno or 0)
+    return f"{where}{what}" + (f"; {fix}" if fix else "")
 
 
 def last_lines(text: str, n: int = 1) -> str:
@@ -175,6 +198,33 @@ def last_error_line(log: str) -> str:
     return ""
 
 
+# Failures any job may meet, recognised in its log, and what to do; the first that matches names it.
+_DISK_FULL = re.compile(
+    r"No space left on device(?::? '([^']+)')?|Disk quota exceeded(?::? '([^']+)')?"
+    r"|inline_container\.cc.*(?:file write failed|unexpected pos)|PytorchStreamWriter failed writing"
+)
+_GPU_OOM = re.compile(r"CUDA out of memory|torch\.(?:cuda\.)?OutOfMemoryError|CUDA error: out of memory")
+_HOST_OOM = re.compile(
+    r"ray\.exceptions\.OutOfMemoryError|node running low on memory|\bMemoryError\b|std::bad_alloc|Out of memory: Killed"
+)
+
+
+def known_failure(log: str, then: str = "run the command again") -> str | None:
+    """A disk that filled up, a GPU or the machine out of memory, said with what to do; None otherwise.
+    `then`: what to do once there is space again."""
+    if found := _DISK_FULL.search(log):
+        path = found.group(1) or found.group(2)
+        where = f" writing {path}" if path else ""
+        return f"disk full{where}: free space (df -h shows where), then {then}"
+    if _GPU_OOM.search(log):
+        return "GPU out of memory: lower the context, train_batch_size or rollout_n, or use more GPUs"
+    if _HOST_OOM.search(log):
+        return "the machine ran out of memory (host RAM): lower the batch sizes or rollout_n, or use a bigger machine"
+    return None
+
+
 def failure_line(log: str, limit: int = 300) -> str:
-    """One line for a failed job, from the tail of its log: its last error, else its last line."""
-    return (last_error_line(log) or last_lines(log) or "the job failed without output")[:limit]
+    """One line for a failed job, from the tail of its log: a known failure (disk full, out of memory),
+    else its last error, else its last line."""
+    known = known_failure(log, then="`rpg sweep SPEC --retry-failed` resumes from the last checkpoint")
+    return (known or last_error_line(log) or last_lines(log) or "the job failed without output")[:limit]

@@ -333,16 +333,18 @@ def test_verl_validation_metrics_are_ingested_under_verl_names(tmp_path):
     assert not any(metric.startswith("pass@") for _, _, metric, *_ in rows)
 
 
-def test_job_options_round_trip_through_the_entry_point():
-    from rpg_cli.evaluation.job import job_argv
+def test_job_options_round_trip_through_the_entry_point(monkeypatch):
+    from rpg_cli.evaluation.job import job_argv, job_env
 
     options = EvalOptions(ref="runs/s/r", benchmarks=("aime24", "x/y.parquet"), k=8, steps="1,2", scorer="math_verify",
                           data_dir="d", db="sqlite:///a.db", runs_dir="rr", engine="hf", temperature=0.5, top_p=0.9,
                           max_tokens=100, seed=3)  # fmt: skip
     argv = job_argv(options)
     assert argv[:3] == ["python", "-m", "rpg_cli.evaluation"]
+    for name, value in job_env(options).items():  # the database URL travels in the job's environment
+        monkeypatch.setenv(name, value)
     assert parse_args(argv[3:]) == options
-    assert parse_args(job_argv(EvalOptions(ref="r"))[3:]) == EvalOptions(ref="r")
+    assert parse_args(job_argv(EvalOptions(ref="r"))[3:]) == EvalOptions(ref="r", db="sqlite:///a.db")
     with pytest.raises(EvalError, match="bad evaluation options: k: "):
         parse_args(['{"ref": "r", "k": "many"}'])
 

@@ -14,6 +14,7 @@ import textwrap
 import time
 import urllib.error
 import urllib.request
+from pathlib import Path
 
 import pytest
 from typer.testing import CliRunner
@@ -31,7 +32,8 @@ pytestmark = pytest.mark.slow
 
 # A stand-in trainer: writes STEPS lines of metrics.jsonl (verl's file-logger format), one every
 # DELAY seconds, records the arguments and environment it got, then exits by MODE:
-# ok | fail (always) | fail-once (fails on its first attempt only) | hang (sleeps until stopped).
+# ok | fail (always) | fail-once (fails on its first attempt only) | hang (sleeps until stopped) |
+# sigkill (killed by signal 9).
 TRAINER = textwrap.dedent(
     """
     import json, os, sys, time
@@ -51,6 +53,8 @@ TRAINER = textwrap.dedent(
         sys.exit("trainer failing on purpose")
     if mode == "hang":
         time.sleep(600)
+    if mode == "sigkill":  # as the kernel's out-of-memory killer would
+        os.kill(os.getpid(), 9)
     """
 )
 
@@ -139,6 +143,15 @@ def test_head_is_reused_bound_to_loopback_token_protected_with_short_socket_path
     group = [p for p in psutil.process_iter() if _safe_pgid(p) == head.pgid]
     listening = {c.laddr.ip for p in group for c in _inet_listeners(p)}
     assert listening and listening <= {"127.0.0.1", "::ffff:127.0.0.1"}, listening
+    # Everything the head keeps is its owner's only: Ray makes its own temp dir 0777, so that dir sits
+    # inside a 0700 one; head.json and the token are the owner's, and nobody else may write (or read) them.
+    head_dir = cluster["runs"] / "ray"
+    for private in (head_dir, Path(head.temp_dir).parent):
+        info = private.stat()
+        assert info.st_uid == os.geteuid() and info.st_mode & 0o777 == 0o700, (private, oct(info.st_mode))
+    for name in ("head.json", "auth_token"):
+        info = (head_dir / name).stat()
+        assert info.st_uid == os.geteuid() and info.st_mode & 0o077 == 0, name
 
 
 def _safe_pgid(p):
@@ -434,3 +447,57 @@ def _plan_targets(ref: str, db: str) -> list:
 
     targets, _ = _resolve_targets(EvalOptions(ref=ref, db=db))
     return targets
+
+
+# --------------------------------------------------------- detached runs, reconciled by every command
+
+
+def test_runs_that_end_unwatched_are_brought_up_to_date_by_every_command(cluster, tmp_path, monkeypatch):
+    """--detach leaves no watcher: `rpg runs`, `report`, `logs`, `cancel` and `stop` each ask Ray first.
+    A succeeded run stays succeeded under `rpg cancel`; a job killed by a signal says which."""
+    from rpg_cli.orchestration import sweep as sweep_module
+
+    db = f"sqlite:///{tmp_path / 'results.db'}"
+    common = ["--db", db, "--runs-dir", str(cluster["runs"])]
+    runner = CliRunner()
+    plans = {name: make_plan(cluster, "s5", name, steps=2, delay=0, mode="sigkill" if name == "killed" else "ok")
+             for name in ("seen-by-runs", "killed", "seen-by-report", "seen-by-logs", "cancelled-too-late")}  # fmt: skip
+    run_sweep(list(plans.values()), "s5", db, runs_dir=cluster["runs"], detach=True)
+    client = connect(runs_dir=cluster["runs"])
+    end = time.monotonic() + 90
+    while any(str(client.get_job_status(p.id)) not in ("SUCCEEDED", "FAILED") for p in plans.values()):
+        assert time.monotonic() < end, "the detached jobs did not end"
+        time.sleep(0.5)
+    ids = {name: p.id for name, p in plans.items()}
+    assert set(run_states(db, ids.values()).values()) <= {"pending", "submitted", "running"}  # nobody watched
+
+    result = runner.invoke(app, ["runs", "--sweep", "s5", "--wide", *common], env={"COLUMNS": "300"})
+    assert result.exit_code == 0 and "possibly stale" not in result.output, result.output
+    assert "killed by signal 9 (SIGKILL)" in result.output
+    states = run_states(db, ids.values())
+    assert all(states[ids[n]] == "succeeded" for n in plans if n != "killed") and states[ids["killed"]] == "failed"
+    # every command reconciles all it shows; reset the store's view to check the others one by one
+    for name, command in (("seen-by-report", ["report", "--sweep", "s5"]), ("seen-by-logs", ["logs", plans["seen-by-logs"].name]),
+                          ("cancelled-too-late", ["cancel", plans["cancelled-too-late"].name])):  # fmt: skip
+        store = open_store(db)
+        store.set_status(ids[name], "running")  # what a watcher killed before the end leaves
+        store.close()
+        result = runner.invoke(app, [*command, *common])
+        assert run_states(db, [ids[name]]) == {ids[name]: "succeeded"}, (command, result.output)
+    assert "1 run(s) had already ended: cancelled-too-late" in result.output and "stopped" not in result.output
+    store = open_store(db)
+    try:
+        run = store.run(ids["cancelled-too-late"])
+        assert run.finished_at >= run.started_at and run.error is None  # a wall time, never negative
+    finally:
+        store.close()
+
+    # `rpg stop` refuses for a job that in truth runs, and only for that (the shared head is kept)
+    monkeypatch.setattr(sweep_module, "stop_local_head", lambda runs_dir: True)
+    hanging = make_plan(cluster, "s5", "hanging", steps=1, delay=0, mode="hang")
+    run_sweep([hanging], "s5", db, runs_dir=cluster["runs"], detach=True)
+    result = runner.invoke(app, ["stop", *common])
+    assert result.exit_code == 2 and "job(s) are live on the local head (" in result.output and "hanging" in result.output
+    assert runner.invoke(app, ["cancel", hanging.name, *common]).exit_code == 0
+    result = runner.invoke(app, ["stop", *common])
+    assert result.exit_code == 0 and "stopped the local Ray head" in result.output, result.output

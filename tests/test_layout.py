@@ -149,4 +149,5 @@ def test_backends_supply_their_part_through_their_launch_module():
     assert failure_reason("verl", log).startswith("verl needs 8 GPU(s)")  # verl's own reading
     assert failure_reason("local", log) == log.splitlines()[-1]  # no reading of its own: the last error
     assert failure_reason("hf", "") == "the job failed without output"  # a model `rpg eval` recorded: no backend
-    assert callable(launcher("verl").preflight) and not hasattr(launcher("local"), "preflight")
+    assert callable(launcher("verl").check_install) and not hasattr(launcher("local"), "check_install")
+    assert all(callable(launcher(backend).preflight) for backend in ("verl", "local"))  # rpg_cli/inputs.py

@@ -186,6 +186,47 @@ def test_spec_the_backend_cannot_honour_fails_before_any_work(changes, words, to
     assert sorted(p.name for p in (tmp_path / "run").iterdir()) == ["spec.json"]  # nothing written
 
 
+def write_long_prompt_file(toy, path: Path) -> Path:
+    """The toy's training set with one prompt of 258 tokens (one per character), far past its 32 positions."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    table = pq.read_table(toy.train)
+    rows = table.to_pylist()
+    rows[3]["prompt"] = [{"role": "user", "content": "1+" * 129}]
+    pq.write_table(pa.Table.from_pylist(rows, schema=table.schema), path)
+    return path
+
+
+def test_prompts_longer_than_the_models_positions_fail_before_any_work(toy, tmp_path, capsys):
+    """Such a run once "succeeded" with score -1.000; now the job stops in one line, naming the file,
+    the longest prompt and the limit."""
+    long = write_long_prompt_file(toy, tmp_path / "long.parquet")
+    spec = write_spec(tmp_path / "run", toy, data={"train_files": [str(long)], "val_files": [str(toy.val)]})
+    assert run_trainer(str(spec)) == 2
+    assert capsys.readouterr().err.strip() == (
+        f"rpg local backend: data.train_files: {long}: the longest prompt is 258 tokens but {toy.model} has 32 "
+        "positions (max_position_embeddings), which must hold a prompt and its response; use shorter prompts or "
+        "a model with more positions")
+    assert sorted(p.name for p in (tmp_path / "run").iterdir()) == ["spec.json"]  # nothing written
+
+
+def test_the_preflight_counts_prompt_tokens_as_the_trainer_encodes_them(toy, tmp_path):
+    """rpg_cli.inputs counts without transformers; the trainer encodes with it: the same numbers."""
+    import pyarrow.parquet as pq
+    from transformers import AutoTokenizer
+
+    from rpg_cli.backends.local.rollout import encode_prompt
+    from rpg_cli.inputs import _PromptCounter
+
+    long = write_long_prompt_file(toy, tmp_path / "long.parquet")
+    tokenizer = AutoTokenizer.from_pretrained(toy.model)
+    for name in (toy.train, long):
+        expected = [len(encode_prompt(tokenizer, list(m))) for m in pq.read_table(name).column("prompt").to_pylist()]
+        assert _PromptCounter(toy.model).lengths(str(name), threshold=0) == expected  # threshold 0: every count exact
+    assert max(expected) == 258
+
+
 @pytest.mark.skipif(torch.cuda.is_available(), reason="needs a machine without a CUDA GPU")
 def test_job_entrypoint_refuses_a_gpu_it_does_not_have(toy, tmp_path):
     spec = write_spec(tmp_path / "run", toy, resources={"nodes": 1, "gpus_per_node": 1, "cpus": 1})

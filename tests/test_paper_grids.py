@@ -134,6 +134,7 @@ def dry_run(grid: str, cwd: Path, monkeypatch, *args: str):
 
     from rpg_cli.cli import app
 
+    write_eval_file(cwd / "data" / "dapo-math-17k-eng.parquet", 1)  # the grids' training file (the dry run checks it)
     monkeypatch.chdir(cwd)
     return CliRunner().invoke(app, ["sweep", str(REPO / "experiments" / f"{grid}.yaml"), "--dry-run",
                                     "--db", f"sqlite:///{cwd / 'none.db'}", *args])
@@ -148,7 +149,7 @@ def test_dry_run_states_the_generations_of_a_validation(tmp_path, monkeypatch):
             "(before training, every 10 steps and at the last)") in " ".join(result.output.split())
     import json
 
-    rows = json.loads(dry_run("paper-qwen3-4b", tmp_path, monkeypatch, "--format", "json").output)
+    rows = json.loads(dry_run("paper-qwen3-4b", tmp_path, monkeypatch, "--format", "json").stdout)
     assert {json.dumps(r["validation"], sort_keys=True) for r in rows} == {json.dumps(
         {"problems": 9, "samples_per_problem": 32, "generations_per_validation": 288, "validations_per_run": 41},
         sort_keys=True)}

@@ -14,6 +14,7 @@ import pytest
 from typer.testing import CliRunner
 
 from rpg_cli.cli import app
+from run_inputs import write_inputs
 
 REPO = Path(__file__).resolve().parents[1]
 EXPERIMENTS = REPO / "experiments"
@@ -32,8 +33,11 @@ def snapshot(root: Path) -> dict[str, tuple[int, int]]:
 
 @pytest.fixture
 def workdir(tmp_path: Path) -> Path:
-    """A directory holding copies of the shipped sweeps, used as the working directory."""
+    """A directory holding copies of the shipped sweeps and the files their runs read, used as the
+    working directory."""
     shutil.copytree(EXPERIMENTS, tmp_path / "experiments")
+    for sweep_file in (tmp_path / "experiments").glob("*.yaml"):
+        write_inputs(tmp_path, sweep_file)
     return tmp_path
 
 
@@ -75,9 +79,10 @@ def test_dry_run_json_shape_for_the_qwen3_grid(workdir):
         assert f"trainer.default_local_dir={run_dir / 'checkpoints'}" in ep  # the run's own directory
 
 
-def test_json_spec_is_the_canonical_spec(workdir):
+def test_json_spec_is_the_canonical_spec(workdir, monkeypatch):
     from rpg_cli.spec import ExperimentSpec
 
+    monkeypatch.chdir(workdir)
     result = CliRunner().invoke(app, ["sweep", str(workdir / "experiments/paper-qwen3-4b.yaml"), "--dry-run",
                                       "--format", "json", "--backend", "local"])
     assert result.exit_code == 0, result.output
@@ -107,10 +112,13 @@ def test_missing_spec_and_bad_format_are_usage_errors(tmp_path):
     assert result.exit_code == 2 and "allowed: table, json" in result.output + result.stderr
 
 
-def test_states_come_from_the_store_when_the_database_exists(tmp_path):
+def test_states_come_from_the_store_when_the_database_exists(tmp_path, monkeypatch):
     from rpg_cli.orchestration.plan import plan_sweep
     from rpg_cli.spec import load_sweep
     from rpg_cli.store import open_store
+
+    write_inputs(tmp_path, EXPERIMENTS / "smoke.yaml")
+    monkeypatch.chdir(tmp_path)
 
     plans = plan_sweep(load_sweep(EXPERIMENTS / "smoke.yaml"), tmp_path / "runs")
     recorded = {plans[0].id: "succeeded", plans[1].id: "failed", plans[2].id: "running"}

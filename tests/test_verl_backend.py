@@ -30,6 +30,7 @@ from rpg_cli.backends.verl import diagnose, launch  # noqa: E402
 from rpg_cli.cli import app  # noqa: E402
 from rpg_cli.orchestration.plan import plan_sweep  # noqa: E402
 from rpg_cli.spec import Every, ExperimentSpec, SpecError, load_sweep  # noqa: E402
+from run_inputs import write_inputs  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
 GRIDS = [REPO / "experiments" / "paper-qwen25-7b-instruct.yaml", REPO / "experiments" / "paper-qwen3-4b.yaml"]
@@ -225,7 +226,7 @@ def test_schedule_free_steps_in_train_mode_and_exposes_the_averaged_weights():
 
 
 def test_plugin_registers_every_loss_in_a_fresh_interpreter():
-    launch.preflight()  # the submit-time check the orchestrator runs: raises with a one-line reason
+    launch.check_install()  # the submit-time check the orchestrator runs: raises with a one-line reason
 
 
 def test_plugin_check_fails_with_a_readable_reason_when_verl_cannot_load_it(tmp_path):
@@ -452,11 +453,12 @@ def test_what_verl_cannot_run_is_rejected_at_plan_time(changes, field, words, tm
 def test_sweep_dry_run_takes_a_reset_reference_and_shows_its_overrides(reference, tmp_path, monkeypatch):
     sweep = tmp_path / "s.yaml"
     sweep.write_text(json.dumps({"name": "s", "base": {**paper_run().canonical(), "reference": reference}}))
+    write_inputs(tmp_path, [paper_run()])
     monkeypatch.chdir(tmp_path)
     result = CliRunner().invoke(app, ["sweep", str(sweep), "--dry-run", "--format", "json",
                                       "--db", f"sqlite:///{tmp_path / 'none.db'}"])
     assert result.exit_code == 0, result.output
-    (row,) = json.loads(result.output)
+    (row,) = json.loads(result.stdout)
     settings = {arg.split("=", 1)[0]: arg.split("=", 1)[1] for arg in row["entrypoint"][3:]}
     assert settings["trainer.v1.trainer_mode"] == "rpg"
     assert settings["+trainer.v1.rpg.reference"] == "reset"
@@ -468,11 +470,12 @@ def test_sweep_dry_run_takes_a_reset_reference_and_shows_its_overrides(reference
 
 
 def test_dry_run_json_shows_the_full_verl_entrypoint_and_reserves_no_gpu(tmp_path, monkeypatch):
+    write_inputs(tmp_path, GRIDS[1])
     monkeypatch.chdir(tmp_path)
     result = CliRunner().invoke(app, ["sweep", str(GRIDS[1]), "--backend", "verl", "--dry-run", "--format", "json",
                                       "--db", f"sqlite:///{tmp_path / 'none.db'}"])
     assert result.exit_code == 0, result.output
-    rows = json.loads(result.output)
+    rows = json.loads(result.stdout)
     assert len(rows) == len(load_sweep(GRIDS[1]).expand())
     for row in rows:
         assert row["entrypoint"][:3] == ["python", "-m", "verl.trainer.main_ppo"]

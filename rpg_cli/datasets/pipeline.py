@@ -208,6 +208,8 @@ def write_verl_parquet(batches: Iterable[pa.RecordBatch], path: Path) -> None:
         with open(temporary, "rb") as handle:
             os.fsync(handle.fileno())
         os.replace(temporary, path)
-    except BaseException:
+    except BaseException as exc:
         temporary.unlink(missing_ok=True)
+        if isinstance(exc, OSError) and exc.errno is not None:  # pyarrow's errors name no file: name the target
+            raise OSError(exc.errno, os.strerror(exc.errno), str(path)) from None
         raise

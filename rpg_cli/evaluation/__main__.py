@@ -1,16 +1,20 @@
 """Entry point of an evaluation job: `python -m rpg_cli.evaluation '<EvalOptions as JSON>'`.
 
-`rpg eval` writes the command (evaluation/job.py). Progress goes to stdout, one line per problem
-batch; exit status 0 done, 2 bad input (one line on stderr).
+`rpg eval` writes the command (evaluation/job.py); the database URL comes from $RPG_EVAL_DB when the
+JSON leaves it out. Progress goes to stdout, one line per problem batch; exit status 0 done, 2 bad
+input (one line on stderr, passwords in URLs masked).
 """
 
 from __future__ import annotations
 
+import json
+import os
 import sys
 
 from pydantic import ValidationError
 
-from rpg_cli.evaluation.options import EvalError, EvalOptions
+from rpg_cli.evaluation.options import DB_ENV, EvalError, EvalOptions
+from rpg_cli.store.url import redact
 
 
 def parse_args(argv: list[str]) -> EvalOptions:
@@ -18,7 +22,13 @@ def parse_args(argv: list[str]) -> EvalOptions:
     if len(argv) != 1:
         raise EvalError("usage: python -m rpg_cli.evaluation '<EvalOptions as JSON>' (rpg eval writes it)")
     try:
-        return EvalOptions.model_validate_json(argv[0])
+        fields = json.loads(argv[0])
+    except ValueError as e:
+        raise EvalError(f"bad evaluation options: not JSON ({e})") from None
+    if isinstance(fields, dict) and "db" not in fields and os.environ.get(DB_ENV):
+        fields["db"] = os.environ[DB_ENV]
+    try:
+        return EvalOptions.model_validate(fields)
     except ValidationError as e:
         err = e.errors()[0]
         where = ".".join(str(p) for p in err["loc"])
@@ -44,7 +54,7 @@ def main(argv: list[str] | None = None) -> int:
         finally:
             store.close()
     except (EvalError, StoreError) as e:
-        print(f"rpg eval: {e}", file=sys.stderr)
+        print(redact(f"rpg eval: {e}"), file=sys.stderr)
         return 2
     for r in results:
         values = " ".join(f"{name} {value:.4f}" for name, value in r.values.items() if value is not None)

@@ -2,10 +2,11 @@
 or on rpg's local head), followed to its end. `evaluate` is the one call the CLI makes.
 
 The job runs `python -m rpg_cli.evaluation '<the options as JSON>'` from the directory rpg runs in (the
-local head shares this filesystem; a remote cluster needs the same paths). Its submission id is a
-hash of that command, so running the same `rpg eval` again while the job lives re-attaches to it
-instead of starting a second one; once it has ended, a new attempt gets `-2`, `-3`, ... The results
-go to the store, which is also where the caller reads progress from.
+local head shares this filesystem; a remote cluster needs the same paths). The database URL, which
+may hold a password, travels in the job's environment ($RPG_EVAL_DB), not in that command. The
+submission id is a hash of the command and the URL, so running the same `rpg eval` again while the
+job lives re-attaches to it instead of starting a second one; once it has ended, a new attempt gets
+`-2`, `-3`, ... The results go to the store, which is also where the caller reads progress from.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from rpg_cli.evaluation.options import EvalOptions
+from rpg_cli.evaluation.options import DB_ENV, EvalOptions
 from rpg_cli.evaluation.pipeline import EvalResult, eval_results, run_eval, scored_count
 from rpg_cli.evaluation.plan import EvalPlan, plan_eval
 from rpg_cli.orchestration.head import connect
@@ -79,8 +80,14 @@ def evaluate(
 
 
 def job_argv(options: EvalOptions) -> list[str]:
-    """The evaluation job's command: the options travel as one JSON argument."""
-    return ["python", "-m", "rpg_cli.evaluation", options.model_dump_json()]
+    """The evaluation job's command: the options travel as one JSON argument, all but the database
+    URL (see `job_env`)."""
+    return ["python", "-m", "rpg_cli.evaluation", options.model_dump_json(exclude={"db"})]
+
+
+def job_env(options: EvalOptions) -> dict[str, str]:
+    """The evaluation job's environment variables: the database URL."""
+    return {DB_ENV: options.db}
 
 
 def submit_eval(
@@ -94,7 +101,7 @@ def submit_eval(
     client = connect(address, runs_dir)
     assert client is not None  # connect starts the local head when needed
     argv = job_argv(options)
-    base = "rpg-eval-" + hashlib.sha256(shell_command(argv).encode()).hexdigest()[:12]
+    base = "rpg-eval-" + hashlib.sha256(f"{shell_command(argv)}\n{options.db}".encode()).hexdigest()[:12]
     jobs = ray_jobs(client)
     attempt, submission_id = 1, base
     while submission_id in jobs:
@@ -102,7 +109,8 @@ def submit_eval(
             return EvalJob(client, submission_id, attached=True)
         attempt += 1
         submission_id = f"{base}-{attempt}"
-    submit(client, argv, submission_id, num_cpus=num_cpus, num_gpus=num_gpus, metadata={"rpg_eval": options.ref})
+    submit(client, argv, submission_id, num_cpus=num_cpus, num_gpus=num_gpus, env=job_env(options),
+           metadata={"rpg_eval": options.ref})  # fmt: skip
     return EvalJob(client, submission_id, attached=False)
 
 

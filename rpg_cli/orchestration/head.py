@@ -1,9 +1,15 @@
 """Which Ray cluster rpg talks to: the one at --address (or $RAY_ADDRESS), or a local head of its own.
 
 The local head is started with `ray start` in a process group of its own, bound to 127.0.0.1 and
-protected by a token of its own (runs/ray/auth_token), with its files in runs/ray (or a short
-directory under /tmp when that path is too long for Ray's Unix sockets). It outlives rpg so jobs keep
-running; `stop_local_head` ends it (and only it).
+protected by a token of its own (runs/ray/auth_token). It outlives rpg so jobs keep running;
+`stop_local_head` ends it (and only it).
+
+A machine's loopback is shared by its users, so nothing another user could write is trusted:
+runs/ray is the owner's only (0700), Ray's own files go in a directory below it (Ray makes that one
+world-writable; under a 0700 parent nobody else can reach it), and head.json and the token are read
+only when they belong to the current user and nobody else can write them (the token: nor read it).
+The token is only ever sent to a loopback dashboard. When runs/ray is too long a path for Ray's Unix
+sockets, Ray's files go below a 0700 directory of the user's own under /tmp instead.
 """
 
 from __future__ import annotations
@@ -15,10 +21,12 @@ import os
 import secrets
 import signal
 import socket
+import stat
 import subprocess
 import sys
 import tempfile
 import time
+import urllib.parse
 import urllib.request
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -54,7 +62,10 @@ class Head:
 
     @property
     def auth_headers(self) -> dict[str, str]:
-        return {"Authorization": f"Bearer {Path(self.token_file).read_text().strip()}"}
+        token = read_private(Path(self.token_file), secret=True)
+        if not token:
+            raise ClusterError(f"{self.token_file} is missing or empty; stop the head (rpg stop --force) and run again")
+        return {"Authorization": f"Bearer {token.strip()}"}
 
 
 def _head_dir(runs_dir: Path) -> Path:
@@ -62,18 +73,70 @@ def _head_dir(runs_dir: Path) -> Path:
 
 
 def _temp_dir(head_dir: Path) -> Path:
-    if len(str(head_dir)) <= _MAX_TEMP_DIR_LEN:
-        return head_dir
+    """Ray's temp dir: a child of a directory only the user can enter (Ray makes the child itself 0777)."""
+    if len(str(head_dir / "t")) <= _MAX_TEMP_DIR_LEN:
+        return head_dir / "t"
     tmp = Path("/tmp") if Path("/tmp").is_dir() else Path(tempfile.gettempdir())
-    return tmp / f"rpg-ray-{hashlib.sha1(str(head_dir).encode()).hexdigest()[:10]}"
+    return tmp / f"rpg-ray-{hashlib.sha1(str(head_dir).encode()).hexdigest()[:10]}" / "t"
+
+
+def private_dir(path: Path) -> Path:
+    """`path` as a directory that belongs to the current user and that only they can enter (0700),
+    created if needed; ClusterError (one line) when it is a link or someone else's."""
+    path.mkdir(mode=0o700, parents=True, exist_ok=True)
+    info = os.lstat(path)
+    if stat.S_ISLNK(info.st_mode) or not stat.S_ISDIR(info.st_mode):
+        raise ClusterError(f"{path} is not a directory but a link or file; rpg keeps its Ray head's token there: "
+                           "remove it and run again")
+    if info.st_uid != os.geteuid():
+        raise ClusterError(f"{path} belongs to uid {info.st_uid}, not to you (uid {os.geteuid()}); rpg keeps its Ray "
+                           "head's token there: remove it, or use another --runs-dir")
+    if info.st_mode & 0o077:  # opened up (by Ray, or an older rpg): only the owner may enter
+        os.chmod(path, 0o700)
+    return path
+
+
+def read_private(path: Path, secret: bool = False) -> str | None:
+    """The text of a file the local head keeps, None when there is none; ClusterError (one line) unless
+    it belongs to the current user and nobody else can write it (a `secret`: nor read it). The checks
+    are made on the opened file, so it cannot be swapped in between; links are not followed."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
+    except FileNotFoundError:
+        return None
+    except OSError as exc:  # ELOOP: a symbolic link
+        raise ClusterError(f"{path} cannot be trusted ({exc.strerror}); remove it and run again") from None
+    with os.fdopen(fd, encoding="utf-8", errors="replace") as f:
+        info = os.fstat(f.fileno())
+        if info.st_uid != os.geteuid():
+            raise ClusterError(f"{path} belongs to uid {info.st_uid}, not to you (uid {os.geteuid()}); it is not "
+                               f"your rpg's: remove it (rm {path}) and run again")
+        if info.st_mode & (0o077 if secret else 0o022):
+            who = "read or written" if secret else "written"
+            fix = (f"stop the head (rpg stop --force), remove it (rm {path}); the next head gets a new token"
+                   if secret else f"if you trust its content chmod go-w {path}, else remove it")
+            raise ClusterError(f"{path} can be {who} by other users (mode {stat.S_IMODE(info.st_mode):o}); {fix}")
+        return f.read()
 
 
 def _read_head(head_dir: Path) -> Head | None:
-    try:
-        head = Head(**json.loads((head_dir / "head.json").read_text()))
-    except (OSError, ValueError, TypeError):
+    """The head recorded in head.json when it is this machine's; ClusterError when the file cannot be
+    trusted or names a dashboard off loopback (the token is sent there)."""
+    path = head_dir / "head.json"
+    text = read_private(path)
+    if text is None:
         return None
-    return head if head.host == socket.gethostname() else None
+    try:
+        head = Head(**json.loads(text))
+    except (ValueError, TypeError):
+        return None  # torn or from another version: treated as no head
+    if head.host != socket.gethostname():
+        return None
+    url = urllib.parse.urlsplit(head.dashboard_url)
+    if url.scheme != "http" or url.hostname not in ("127.0.0.1", "localhost", "::1"):
+        raise ClusterError(f"{path} names the dashboard {head.dashboard_url}, which is not on loopback; rpg's local "
+                           f"head listens on 127.0.0.1 only: remove the file (rm {path}) and run again")
+    return Head(**{**head.__dict__, "token_file": str(head_dir / "auth_token")})  # never a path read from a file
 
 
 def _dashboard_alive(head: Head) -> bool:
@@ -110,7 +173,7 @@ def local_head(
     head_dir = _head_dir(runs_dir)
     if not start and not (head_dir / "head.json").exists():
         return None
-    head_dir.mkdir(parents=True, exist_ok=True)
+    private_dir(head_dir)
     with _locked(head_dir / "head.lock"):
         head = _read_head(head_dir)
         if head is not None and _dashboard_alive(head):
@@ -136,7 +199,8 @@ def _free_ports(n: int) -> list[int]:
 def _start_head(head_dir: Path, num_cpus: int | None, num_gpus: int | None, timeout_s: float) -> Head:
     gcs, dashboard, client, agent_http, agent_grpc, metrics, runtime_env = _free_ports(7)
     temp_dir = _temp_dir(head_dir)
-    temp_dir.mkdir(parents=True, exist_ok=True)
+    private_dir(temp_dir.parent)
+    temp_dir.mkdir(exist_ok=True)
     cmd = [
         sys.executable,
         "-m",
@@ -161,7 +225,7 @@ def _start_head(head_dir: Path, num_cpus: int | None, num_gpus: int | None, time
     if num_gpus is not None:
         cmd.append(f"--num-gpus={num_gpus}")
     token_file = head_dir / "auth_token"
-    if not token_file.exists():
+    if not read_private(token_file, secret=True):
         write_atomic(token_file, secrets.token_hex(32), mode=0o600)
     env = {
         **os.environ,
@@ -190,7 +254,7 @@ def _start_head(head_dir: Path, num_cpus: int | None, num_gpus: int | None, time
         str(token_file),
     )
     # Recorded before it is ready: if rpg is interrupted now, the next one finds it and clears it.
-    write_atomic(head_dir / "head.json", json.dumps(head.__dict__, indent=2), mode=0o644)
+    write_atomic(head_dir / "head.json", json.dumps(head.__dict__, indent=2), mode=0o600)
     deadline = time.monotonic() + timeout_s
     try:
         code = proc.wait(timeout=timeout_s)
@@ -226,7 +290,12 @@ def _kill_head_processes(head: Head, grace_s: float = 3.0) -> None:
             return " ".join(p.cmdline())
         return ""
 
-    group = [p for p in psutil.process_iter() if pgid(p) == head.pgid]
+    def mine(p: psutil.Process) -> bool:
+        with contextlib.suppress(psutil.Error):
+            return p.uids().effective == os.geteuid()
+        return False
+
+    group = [p for p in psutil.process_iter() if pgid(p) == head.pgid and mine(p)]
     if not any(head.temp_dir in cmdline(p) for p in group):
         return  # gone, or the group id now belongs to someone else
     family = set(group)
@@ -249,6 +318,7 @@ def stop_local_head(runs_dir: Path = DEFAULT_RUNS_DIR) -> bool:
     head_dir = _head_dir(runs_dir)
     if not (head_dir / "head.json").exists():
         return False
+    private_dir(head_dir)
     with _locked(head_dir / "head.lock"):
         head = _read_head(head_dir)
         if head is None:
@@ -271,11 +341,11 @@ def _without_env(*names: str) -> Iterator[None]:
 
 
 def connect(
-    address: str | None = None, runs_dir: Path = DEFAULT_RUNS_DIR, start: bool = True
+    address: str | None = None, runs_dir: Path = DEFAULT_RUNS_DIR, start: bool = True, local: bool = False
 ) -> JobSubmissionClient | None:
-    """A Jobs API client: for `address` (or $RAY_ADDRESS) if given, else for the local head of
-    `runs_dir` (started if needed and `start`; None when there is none and not `start`)."""
-    address = address or os.environ.get("RAY_ADDRESS")
+    """A Jobs API client: for `address` (or $RAY_ADDRESS) if given and not `local`, else for the local
+    head of `runs_dir` (started if needed and `start`; None when there is none and not `start`)."""
+    address = None if local else address or os.environ.get("RAY_ADDRESS")
     headers = None
     if not address:
         head = local_head(runs_dir, start=start)

@@ -7,7 +7,10 @@ through one module, `rpg_cli.backends.<name>.launch`:
     entrypoint(spec, run_dir) -> argv     the job's command (an argument list, never a shell string)
     resources(spec) -> (cpus, gpus)       what the job's entrypoint reserves
     env(spec, run_dir) -> {name: value}   the job's environment variables
-    preflight()                           optional: raise RuntimeError (one line) before any submission
+    preflight(spec) -> [Finding]          optional: what can be checked of a run before a GPU is paid for
+                                          (data, model, prompt lengths; rpg_cli/inputs.py); the dry run
+                                          shows it, a real submission refuses a sweep with an error
+    check_install()                       optional: raise RuntimeError (one line) before any submission
     failure_reason(log_tail) -> str       optional: one line for a failed job (default: its last error)
 
 Pure Python: no torch, ray or verl.
@@ -26,6 +29,7 @@ from rpg_cli import rundir
 from rpg_cli.states import ATTACH, DONE, NEW, SKIP, SUBMIT, run_action
 
 if TYPE_CHECKING:
+    from rpg_cli.inputs import Finding
     from rpg_cli.spec import ExperimentSpec, SweepSpec
 
 
@@ -128,6 +132,53 @@ def summarize(plans: list[RunPlan], states: dict[str, str], retry_failed: bool =
         p.spec["resources"]["nodes"] * p.spec["resources"]["gpus_per_node"] for p in plans if actions[p.id] == SUBMIT
     )
     return PlanSummary(len(plans), counts[SUBMIT], gpus, counts[ATTACH], counts[DONE], counts[SKIP])
+
+
+# ----------------------------------------------------------------------------------------- checks
+
+
+class PreflightError(RuntimeError):
+    """A run of the sweep would fail on its inputs; one line naming the problem and the fix."""
+
+
+@dataclass(frozen=True)
+class Check:
+    finding: Finding
+    runs: tuple[str, ...]  # the names of the runs it is about
+
+
+def check_plans(plans: list[RunPlan], states: dict[str, str] | None = None, retry_failed: bool = False) -> list[Check]:
+    """Each backend's `preflight` of the runs a sweep would start (not those done, nor those skipped),
+    a finding shared by several runs said once; errors first."""
+    from rpg_cli.spec import ExperimentSpec, SpecError
+
+    found: dict[Finding, list[str]] = {}
+    for plan in plans:
+        if states is not None and run_action(states.get(plan.id, NEW), retry_failed) in (DONE, SKIP):
+            continue
+        preflight = getattr(launcher(plan.backend), "preflight", None)
+        try:
+            spec = ExperimentSpec.model_validate(plan.spec)
+        except (ValueError, SpecError):  # a plan made by hand, not from a spec: no inputs to check
+            continue
+        for finding in preflight(spec) if preflight is not None else []:
+            found.setdefault(finding, []).append(plan.name)
+    return sorted((Check(f, tuple(names)) for f, names in found.items()), key=lambda c: not c.finding.error)
+
+
+def check_line(check: Check, total: int) -> str:
+    """A check as one line: error or note, the runs it is about, the finding."""
+    names = check.runs
+    who = "every run" if len(names) == total > 1 else names[0] if len(names) == 1 else f"{len(names)} runs ({names[0]}, ...)"
+    return f"{'error' if check.finding.error else 'note'}: {who}: {check.finding}"
+
+
+def refuse_bad_inputs(checks: list[Check], total: int) -> None:
+    """PreflightError (one line: the first error, and how many more) when a check found an error."""
+    errors = [c for c in checks if c.finding.error]
+    if errors:
+        more = f" (and {len(errors) - 1} more: `rpg sweep SPEC --dry-run` lists them)" if len(errors) > 1 else ""
+        raise PreflightError(check_line(errors[0], total).removeprefix("error: ") + more)
 
 
 def validation_costs(plans: list[RunPlan]) -> list[tuple[int, int | None, int, int, int]]:

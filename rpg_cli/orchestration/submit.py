@@ -4,7 +4,9 @@ what Ray's job states mean for a run, and a job's logs."""
 from __future__ import annotations
 
 import os
+import re
 import shlex
+import signal
 from collections.abc import Iterator, Mapping, Sequence
 from datetime import datetime, timezone
 from typing import TYPE_CHECKING
@@ -25,6 +27,25 @@ _STATE_OF_RAY_STATUS = {
 def run_state(ray_status: object) -> str:
     """The run state a Ray job status means."""
     return _STATE_OF_RAY_STATUS[str(ray_status)]
+
+
+def killed_by(job: JobDetails) -> str | None:
+    """'killed by signal 9 (SIGKILL)' when the job's entrypoint died of a signal: Ray records the exit
+    status as -N (or a shell's 128+N), in `driver_exit_code` and in its message."""
+    code = getattr(job, "driver_exit_code", None)
+    if code is None:
+        found = re.search(r"failed with exit code (-?\d+)", job.message or "")
+        code = int(found.group(1)) if found else None
+    number = -code if code is not None and code < 0 else code - 128 if code is not None and 128 < code < 160 else None
+    try:
+        name = signal.Signals(number).name if number else None
+    except ValueError:
+        return None
+    if name is None:
+        return None
+    why = (": by someone, or by the kernel when the machine ran out of memory (its log, `dmesg`, says which)"
+           if number == signal.SIGKILL else "")
+    return f"killed by signal {number} ({name}){why}"
 
 
 def shell_command(argv: Sequence[str]) -> str:

@@ -18,8 +18,8 @@ from typing import TYPE_CHECKING
 
 from rpg_cli import rundir
 from rpg_cli.orchestration.head import DEFAULT_RUNS_DIR, ClusterError, connect, one_line, stop_local_head
-from rpg_cli.orchestration.plan import RunPlan, failure_reason, launcher, rehome
-from rpg_cli.orchestration.submit import from_ms, ray_jobs, run_state, submit, tail_logs
+from rpg_cli.orchestration.plan import RunPlan, check_plans, failure_reason, launcher, refuse_bad_inputs, rehome
+from rpg_cli.orchestration.submit import from_ms, killed_by, ray_jobs, run_state, submit, tail_logs
 from rpg_cli.states import ATTACH, DONE, LIVE, SKIP, STATUSES, TERMINAL, run_action
 from rpg_cli.store import DEFAULT_DB_URL, StoreError, open_store
 from rpg_cli.store.light import run_states
@@ -103,8 +103,12 @@ def run_sweep(
     store consistent: run the same sweep again to re-attach.
     """
     plans = list({p.id: p for p in plans}.values())
-    client = connect(address, runs_dir)  # before touching the store: an unreachable cluster writes nothing
-    _preflight(plans, db_url)
+    states = run_states(db_url, [p.id for p in plans])
+    # Before anything is written or started: a run that would fail on its inputs has no run directory,
+    # row or job; an unreachable cluster writes nothing.
+    refuse_bad_inputs(check_plans(plans, states, retry_failed), len(plans))
+    client = connect(address, runs_dir)
+    _check_install(plans, states)
     store = open_store(db_url)
     try:
         homes = store.record_plans(plans, sweep_name)  # a run another sweep created keeps its directory
@@ -130,12 +134,11 @@ def run_sweep(
         store.close()
 
 
-def _preflight(plans: list[RunPlan], db_url: str) -> None:
-    """Each backend's check before anything is submitted (verl: its plugin loads in a fresh
-    interpreter), for the backends of runs that are not done yet."""
-    states = run_states(db_url, [p.id for p in plans])
+def _check_install(plans: list[RunPlan], states: dict[str, str]) -> None:
+    """Each backend's check of its installation before anything is submitted (verl: its plugin loads
+    in a fresh interpreter), for the backends of runs that are not done yet."""
     for backend in dict.fromkeys(p.backend for p in plans if states.get(p.id) != "succeeded"):
-        check = getattr(launcher(backend), "preflight", None)
+        check = getattr(launcher(backend), "check_install", None)
         if check is not None:
             try:
                 check()
@@ -195,7 +198,9 @@ def _poll(client: JobSubmissionClient, store: Store, run_ids: list[str]) -> None
             store.ingest_metrics(run.id, run.metrics_path)
 
 
-def _sync(client: JobSubmissionClient, store: Store, run: RunRecord, job: JobDetails) -> str:
+def _sync(
+    client: JobSubmissionClient, store: Store, run: RunRecord, job: JobDetails, stopped_why: str | None = None
+) -> str:
     """Bring the run's stored state up to Ray's; at the end, ingest the last metrics and save job.log."""
     status = run_state(job.status)
     if status == run.status:
@@ -205,8 +210,12 @@ def _sync(client: JobSubmissionClient, store: Store, run: RunRecord, job: JobDet
         store.ingest_metrics(run.id, run.metrics_path)  # before the state: a terminal run is complete
         log = _save_log(client, run)
         error = None
-        if status != "succeeded":  # the job's last error line says more than Ray's "exit code 1"
-            error = failure_reason(run.backend, log[-20_000:]) if log.strip() else (job.message or f"job {status}")
+        if status == "stopped" and stopped_why:
+            error = stopped_why
+        elif status != "succeeded":  # a signal, or the log's reading, says more than Ray's "exit code 1"
+            error = killed_by(job) or (
+                failure_reason(run.backend, log[-20_000:]) if log.strip() else (job.message or f"job {status}")
+            )
         store.set_status(run.id, status, error=error, at=from_ms(job.end_time), started_at=started)
     else:
         store.set_status(run.id, status, at=started if status == "running" else None)
@@ -218,17 +227,84 @@ def _save_log(client: JobSubmissionClient, run: RunRecord) -> str:
     log = ""
     with contextlib.suppress(RuntimeError, OSError):
         log = client.get_job_logs(run.submission_id)
-        rundir.write_atomic(rundir.job_log_path(run.run_dir), log, mode=0o644)
+        rundir.write_atomic(rundir.job_log_path(run.run_dir), log)
     return log
+
+
+# ------------------------------------------------------------------------------- reconciliation
+
+
+@dataclass(frozen=True)
+class Reconciled:
+    """What `reconcile` could not confirm with Ray: live runs shown as stored (possibly stale), and why."""
+
+    unconfirmed: frozenset[str] = frozenset()
+    why: str | None = None
+
+
+def reconcile(
+    store: Store, runs: Iterable[RunRecord], address: str | None = None, runs_dir: Path = DEFAULT_RUNS_DIR
+) -> Reconciled:
+    """Bring the stored state of the live ones among `runs` up to what Ray knows (one list_jobs), so
+    that a run that finished while no rpg watched (--detach, a killed watcher) reads as finished, its
+    last metrics and job.log saved. Never starts a head and never fails for an unreachable cluster:
+    the runs it could not check are returned, with the reason."""
+    live = [r for r in runs if r.status in LIVE and r.submission_id]  # without one, Ray cannot know it
+    if not live:
+        return Reconciled()
+    everyone = frozenset(r.id for r in live)
+    try:
+        client = connect(address, runs_dir, start=False)
+        if client is None:
+            return Reconciled(everyone, f"no Ray cluster to ask: no local head runs in {runs_dir}/ray "
+                                        "(pass --address for a remote cluster)")  # fmt: skip
+        jobs = ray_jobs(client)
+    except (ClusterError, OSError) as exc:
+        return Reconciled(everyone, f"the Ray cluster did not answer ({one_line(exc)})")
+    unknown = _sync_known(client, store, live, jobs)
+    why = "the Ray cluster does not know their jobs (another cluster, or a restarted head: `rpg sweep` resubmits them)"
+    return Reconciled(frozenset(unknown), why if unknown else None)
+
+
+def _sync_known(
+    client: JobSubmissionClient, store: Store, runs: Iterable[RunRecord], jobs: dict[str, JobDetails]
+) -> set[str]:
+    """Sync the live ones among `runs` whose jobs are in `jobs`; returns the ids of the others."""
+    unknown = set()
+    for run in runs:
+        if run.status in LIVE and run.submission_id in jobs:
+            _sync(client, store, run, jobs[run.submission_id])
+        elif run.status in LIVE:
+            unknown.add(run.id)
+    return unknown
 
 
 # ------------------------------------------------------------------------------- cancel, logs, stop
 
 
+@dataclass(frozen=True)
+class Cancelled:
+    stopped: list[RunRecord]  # stopped now
+    finished: list[RunRecord]  # had ended before they could be stopped: recorded as Ray says
+
+
+CANCELLED = "cancelled with `rpg cancel`"
+
+
 def cancel(
-    ref: str, db_url: str = DEFAULT_DB_URL, address: str | None = None, runs_dir: Path = DEFAULT_RUNS_DIR
-) -> list[RunRecord]:
-    """Stop the unfinished runs that `ref` names (run id, id prefix, run name or sweep); returns them."""
+    ref: str,
+    db_url: str = DEFAULT_DB_URL,
+    address: str | None = None,
+    runs_dir: Path = DEFAULT_RUNS_DIR,
+    wait_s: float = 20.0,
+) -> Cancelled:
+    """Stop the unfinished runs that `ref` names (run id, id prefix, run name or sweep).
+
+    Ray is asked first (one list_jobs): a run whose job has ended keeps what it became (a run that
+    succeeded stays succeeded). The others' jobs are stopped and followed for up to `wait_s` until Ray
+    confirms; a job Ray does not know is recorded as stopped at once. A terminal state is never
+    rewritten, even by a watcher that records one in between.
+    """
     store = open_store(db_url, create=False)
     try:
         runs = store.resolve(ref)
@@ -236,16 +312,44 @@ def cancel(
             raise StoreError(f"no run or sweep {ref!r} in the store; `rpg runs` lists them")
         unfinished = [r for r in runs if r.status not in TERMINAL]
         client = connect(address, runs_dir, start=False) if unfinished else None
+        jobs = ray_jobs(client) if client is not None else {}
+        stopped: list[RunRecord] = []
+        finished: list[RunRecord] = []
+        stopping: list[RunRecord] = []
         for run in unfinished:
-            if client is not None and run.submission_id:
-                with contextlib.suppress(RuntimeError):  # unknown to this cluster: nothing to stop
+            job = jobs.get(run.submission_id) if run.submission_id else None
+            if job is not None and run_state(job.status) in TERMINAL:
+                _sync(client, store, run, job)
+                finished.append(run)
+            elif job is not None:
+                with contextlib.suppress(RuntimeError):  # ended in between: the follow-up below sees it
                     client.stop_job(run.submission_id)
-                _save_log(client, run)
-            store.ingest_metrics(run.id, run.metrics_path)
-            store.set_status(run.id, "stopped", error="cancelled with `rpg cancel`")
-        return unfinished
+                stopping.append(run)
+            elif _record_stopped(store, run):  # never reached this cluster: nothing to stop
+                stopped.append(run)
+        deadline = time.monotonic() + wait_s
+        while stopping:
+            for run in list(stopping):
+                job = client.get_job_info(run.submission_id)
+                if run_state(job.status) in TERMINAL:
+                    stopping.remove(run)
+                    state = _sync(client, store, run, job, stopped_why=CANCELLED)
+                    (stopped if state == "stopped" else finished).append(run)
+            if stopping and time.monotonic() > deadline:  # Ray stops it in the end; rpg records it now
+                for run in stopping:
+                    _save_log(client, run)
+                    if _record_stopped(store, run):
+                        stopped.append(run)
+                break
+            time.sleep(0.2)
+        return Cancelled(stopped, finished)
     finally:
         store.close()
+
+
+def _record_stopped(store: Store, run: RunRecord) -> bool:
+    store.ingest_metrics(run.id, run.metrics_path)
+    return store.set_status(run.id, "stopped", error=CANCELLED, unless_terminal=True)
 
 
 def job_logs(
@@ -269,22 +373,42 @@ def job_logs(
 
 
 class LiveRunsError(RuntimeError):
-    """`rpg stop` without --force while runs are live; one-line message."""
+    """`rpg stop` without --force while jobs on the head are live; one-line message."""
 
 
 def stop(runs_dir: Path = DEFAULT_RUNS_DIR, db_url: str = DEFAULT_DB_URL, force: bool = False) -> bool:
-    """Stop the local head of `runs_dir` (its jobs die with it), unless runs in the store are live and
-    not `force`: LiveRunsError naming them. False when there was no head."""
+    """Stop the local head of `runs_dir` (its jobs die with it), unless jobs on it are live and not
+    `force`: LiveRunsError naming them. What the head knows is brought into the store first, so a run
+    that finished unwatched neither blocks this nor stays live in `rpg runs`. False when there was no head."""
     if not force:
-        try:
-            store = open_store(db_url, create=False)
-        except StoreError:  # no results database: no run can be live
-            store = None
-        live = []
-        if store is not None:
-            live = [r for r in store.runs() if r.status in LIVE]
-            store.close()
-        if live:
-            names = ", ".join(r.name for r in live[:3]) + (", ..." if len(live) > 3 else "")
-            raise LiveRunsError(f"{len(live)} run(s) are live ({names}); `rpg cancel` them first, or pass --force")
+        client = connect(runs_dir=runs_dir, start=False, local=True)
+        if client is not None:
+            jobs = ray_jobs(client)
+            names = _reconcile_store(db_url, client, jobs)
+            live = [names.get(j) or _job_label(job) for j, job in jobs.items() if run_state(job.status) in LIVE]
+            if live:
+                listed = ", ".join(live[:3]) + (", ..." if len(live) > 3 else "")
+                raise LiveRunsError(
+                    f"{len(live)} job(s) are live on the local head ({listed}); `rpg cancel` them first, or pass --force"
+                )
     return stop_local_head(runs_dir)
+
+
+def _job_label(job: JobDetails) -> str:
+    meta = job.metadata or {}
+    return meta.get("rpg_run") or (f"rpg eval {meta['rpg_eval']}" if "rpg_eval" in meta else job.submission_id)
+
+
+def _reconcile_store(db_url: str, client: JobSubmissionClient, jobs: dict[str, JobDetails]) -> dict[str, str]:
+    """Sync the store's live runs whose jobs are in `jobs`; returns {submission id: run name} for the
+    store's runs ({} without a results database)."""
+    try:
+        store = open_store(db_url, create=False)
+    except StoreError:  # no results database: nothing to bring up to date
+        return {}
+    try:
+        runs = store.runs()
+        _sync_known(client, store, runs, jobs)
+        return {r.submission_id: r.name for r in runs if r.submission_id}
+    finally:
+        store.close()

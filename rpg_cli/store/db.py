@@ -192,8 +192,11 @@ class Store(Queries):
         submission_id: str | None = None,
         at: datetime | None = None,
         started_at: datetime | None = None,
-    ) -> None:
-        """Move a run to `status` at time `at` (default now).
+        unless_terminal: bool = False,
+    ) -> bool:
+        """Move a run to `status` at time `at` (default now); with `unless_terminal`, only a run not in a
+        terminal state (in one statement: a concurrent writer's terminal state is never overwritten).
+        Returns whether the run moved.
 
         Stamps started_at (once; `started_at` if given, else `at`) on running or a terminal state,
         and finished_at on a terminal state.
@@ -211,9 +214,15 @@ class Store(Queries):
             values["started_at"] = sa.func.coalesce(c.started_at, started_at or when)
         if status in TERMINAL:
             values["finished_at"] = when
+        which = c.id == run_id
+        if unless_terminal:
+            which = sa.and_(which, c.status.notin_(sorted(TERMINAL)))
         with self._write() as conn:
-            if not conn.execute(self.t.runs.update().where(c.id == run_id).values(**values)).rowcount:
-                raise StoreError(f"no run {run_id!r} in the store")
+            if conn.execute(self.t.runs.update().where(which).values(**values)).rowcount:
+                return True
+        if unless_terminal and self.run(run_id) is not None:
+            return False
+        raise StoreError(f"no run {run_id!r} in the store")
 
     def begin_attempt(self, run_id: str) -> tuple[int, str]:
         """Record the intent to submit the run once more: returns (attempt, submission id).

@@ -1,5 +1,6 @@
 """Where the results database is: the one parser of `--db` values (a SQLAlchemy URL or a bare SQLite
-file path), and how long SQLite waits for a lock. Standard library only."""
+file path), how long SQLite waits for a lock, and the one redaction of passwords in URLs (every message
+rpg prints goes through `redact`). Standard library only."""
 
 from __future__ import annotations
 
@@ -39,3 +40,12 @@ def sqlite_path(db_url: str) -> str | None:
     path = rest[1:] if rest.startswith("/") else rest  # sqlite:///rel -> 'rel', sqlite:////abs -> '/abs'
     path = path.split("?", 1)[0]
     return "" if path in ("", ":memory:") else path
+
+
+# scheme://user:PASSWORD@host: the password runs to the last "@" before a blank or a quote
+_PASSWORD_IN_URL = re.compile(r"(\b[A-Za-z][A-Za-z0-9+.-]*://[^\s:/@'\"<>]*:)[^\s'\"<>]*(@)")
+
+
+def redact(text: str) -> str:
+    """`text` with the password of every URL in it replaced by *** (user:***@host)."""
+    return _PASSWORD_IN_URL.sub(r"\1***\2", text)

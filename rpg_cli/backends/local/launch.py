@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from rpg_cli import rundir
+from rpg_cli.inputs import Finding, check_run
 
 if TYPE_CHECKING:
     from rpg_cli.spec import ExperimentSpec
@@ -28,3 +29,9 @@ def resources(spec: ExperimentSpec) -> tuple[float, float]:
 def env(spec: ExperimentSpec, run_dir: Path) -> dict[str, str]:
     """runtime_env env vars: none, the spec file carries everything."""
     return {}
+
+
+def preflight(spec: ExperimentSpec) -> list[Finding]:
+    """What can be checked of a run before it is submitted: its data files, model and prompt lengths
+    (the job checks them again, with its machine's files, before it loads anything)."""
+    return check_run(spec)

@@ -1,4 +1,5 @@
-"""What the local backend checks before any work: the spec, the machine, the model and the data.
+"""What the local backend checks before any work: the spec, the machine, and (rpg_cli/inputs.py) the
+model, the data and the prompts' lengths against the model's positions.
 
 Every problem is a `BackendError` with a one-line message naming it and the fix; the entry point
 prints it and exits with status 2 before a model is loaded or a file is written.
@@ -13,6 +14,7 @@ from pathlib import Path
 
 from pydantic import ValidationError
 
+from rpg_cli.inputs import check_run
 from rpg_cli.spec import ExperimentSpec, SpecError
 
 
@@ -68,24 +70,8 @@ def check(spec_path: Path) -> Plan:
     if spec.rollout.engine == "vllm":
         why = "vLLM is not installed" if importlib.util.find_spec("vllm") is None else "the local backend samples with transformers"
         notes.append(f"rollout.engine vllm: {why}; sampling with transformers (hf) instead")
-    check_model(spec.model)
-    for key, files in (("data.train_files", spec.data.train_files), ("data.val_files", spec.data.val_files)):
-        for name in files:
-            if not Path(name).is_file():
-                raise BackendError(f"{key}: {name} does not exist (relative paths are taken from {Path.cwd()}); "
-                                   "write it with `rpg prepare-data` (--toy for the toy task)")
+    for finding in check_run(spec):  # data files, model, prompts against the model's positions
+        if finding.error:
+            raise BackendError(str(finding))
+        notes.append(str(finding))
     return Plan(spec, Path(spec_path).absolute().parent, device, notes)
-
-
-def check_model(model: str) -> None:
-    """A local HF directory with config.json, or a hub id (owner/name) left to transformers to resolve."""
-    path = Path(model)
-    if path.is_dir():
-        if not (path / "config.json").is_file():
-            raise BackendError(f"model: {model} has no config.json; point it at an HF causal-LM directory "
-                               "(rpg prepare-data --toy writes data/toy/model)")
-        return
-    looks_like_hub_id = model.count("/") == 1 and not model.startswith((".", "/", "~"))
-    if not looks_like_hub_id:
-        raise BackendError(f"model: {model} does not exist; point it at an HF causal-LM directory or a hub id "
-                           "(rpg prepare-data --toy writes data/toy/model)")

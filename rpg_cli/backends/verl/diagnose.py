@@ -57,7 +57,8 @@ def check_plugin_loads(plugin_module: str, python: str | None = None, timeout_s:
         )
 
 
-# Known failures -> what the user should do; matched against the last error line.
+# verl's own known failures -> what the user should do (disk full and out of memory are every job's:
+# rundir.failure_line); matched against the last error line, then the whole tail.
 _HINTS = (
     (
         re.compile(r"Total available GPUs (\d+) is less than total desired GPUs (\d+)"),
@@ -71,10 +72,6 @@ _HINTS = (
     (
         re.compile(r"(?:No such file or directory|FileNotFoundError).*?'([^']+\.parquet)'"),
         "data file {0} is missing on the node that ran the job: run rpg prepare-data on a shared filesystem",
-    ),
-    (
-        re.compile(r"CUDA out of memory|torch\.OutOfMemoryError"),
-        "GPU out of memory: lower the context, or raise nodes/gpus_per_node",
     ),
 )
 

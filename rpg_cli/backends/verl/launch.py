@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 from rpg_cli import rundir
 from rpg_cli.backends.verl import diagnose
+from rpg_cli.inputs import Finding, check_run
 from rpg_cli.spec import Every, SpecError, count_problems
 from rpg_cli.trackers import verl_env, verl_loggers
 
@@ -68,7 +69,12 @@ def env(spec: ExperimentSpec, run_dir: Path) -> dict[str, str]:
     }
 
 
-def preflight() -> None:
+def preflight(spec: ExperimentSpec) -> list[Finding]:
+    """What can be checked of a run before a GPU is paid for: its data files, model and prompt lengths."""
+    return check_run(spec)
+
+
+def check_install() -> None:
     """Before any verl run is submitted: the plugin must load in a fresh interpreter (RuntimeError if not)."""
     diagnose.check_plugin_loads(PLUGIN_MODULE)
 
