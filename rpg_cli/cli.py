@@ -348,7 +348,7 @@ def report(
     Examples:
 
       rpg report --table --sweep smoke-seeds
-      rpg report --table --select-on aime25 --benchmarks aime24,amc23 --format markdown
+      rpg report --table --select-on aime25 --format markdown
       rpg report --table --sweep paper-qwen3-4b --compare-paper -o table.tex
       rpg report --plot --metrics reward,val --per-seed --smooth 5
     """
@@ -392,7 +392,7 @@ def compare(
     step: str = typer.Option("last", "--step", metavar="last|N", help="Each run's final evaluated step, or step N of every run."),
     metric: str = typer.Option("mean@k", "--metric", metavar="METRIC", help="mean@K or pass@K (per problem, from `rpg eval` samples), maj@K (benchmark means); K=k: the largest k scored."),
     scorer: str = typer.Option(None, "--scorer", metavar="SCORER", help="`rpg eval` scorer (default: the one with the most scores)."),
-    benchmarks: str = typer.Option(None, "--benchmarks", metavar="B[,B]", help="Benchmarks to compare on (default: every one scored for all runs of both sides)."),
+    benchmarks: str = typer.Option(None, "--benchmarks", "-b", metavar="B[,B]", help="Benchmarks to compare on (default: every one scored for all runs of both sides)."),
     output_format: str = typer.Option("text", "--format", metavar="text|json", help="Lines for a terminal, or everything as JSON."),
     db: str = typer.Option(None, "--db", metavar="URL", help=_DB_HELP),
 ) -> None:
@@ -409,8 +409,8 @@ def compare(
     Examples:
 
       rpg compare GRPO DAPO --sweep smoke-seeds
-      rpg compare algorithm=grpo 'algorithm=rpg_reinforce&kl=urkl' --where context=4k
-      rpg compare GRPO RPG-REINFORCE-URKL --step 200 --benchmarks aime24 --format json
+      rpg compare algorithm=grpo 'algorithm=rpg&kl=urkl' --where context=4k
+      rpg compare GRPO RPG-REINFORCE-URKL --step 200 -b aime24 --format json
       rpg compare grpo-none-s0-1a2b3c4d,grpo-none-s1-5e6f7a8b dapo-none-s0-9c0d1e2f
     """
     from rpg_cli import report as rp

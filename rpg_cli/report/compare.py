@@ -110,7 +110,7 @@ def _flat(spec: Any, prefix: str = "") -> dict[str, str]:
         for key, value in spec.items():
             out.update(_flat(value, f"{prefix}{key}."))
         return out
-    return {prefix[:-1]: json.dumps(spec, sort_keys=True)}
+    return {prefix[:-1]: spec if isinstance(spec, str) else json.dumps(spec, sort_keys=True)}
 
 
 def spec_differences(a: Side, b: Side) -> list[tuple[str, list[str], list[str]]]:
