@@ -411,7 +411,7 @@ def compare(
       rpg compare GRPO DAPO --sweep smoke-seeds
       rpg compare algorithm=grpo 'algorithm=rpg&kl=urkl' --where context=4k
       rpg compare GRPO RPG-REINFORCE-URKL --step 200 -b aime24 --format json
-      rpg compare grpo-none-s0-1a2b3c4d,grpo-none-s1-5e6f7a8b dapo-none-s0-9c0d1e2f
+      rpg compare grpo-s0-1a2b3c4d,grpo-s1-5e6f7a8b dapo-s0-9c0d1e2f
     """
     from rpg_cli import report as rp
     from rpg_cli.store import StoreError
