@@ -24,6 +24,8 @@ from dataclasses import dataclass, field
 from importlib import resources
 from typing import TYPE_CHECKING
 
+from rpg_cli import stats
+from rpg_cli.report.evidence import Evidence, cell_interval
 from rpg_cli.report.names import (
     BENCHMARK_ORDER,
     CONTEXT_ORDER,
@@ -33,8 +35,6 @@ from rpg_cli.report.names import (
     method_sort_key,
     model_name,
 )
-from rpg_cli import stats
-from rpg_cli.report.evidence import Evidence, cell_interval
 from rpg_cli.report.scores import ReportError, Scores, runs_text, scores, select_runs
 from rpg_cli.stats import NOTHING, Interval
 
