@@ -414,6 +414,7 @@ def compare(
       rpg compare grpo-s0-1a2b3c4d,grpo-s1-5e6f7a8b dapo-s0-9c0d1e2f
     """
     from rpg_cli import report as rp
+    from rpg_cli.stats import StatsError
     from rpg_cli.store import StoreError
 
     if output_format not in ("text", "json"):
@@ -425,7 +426,7 @@ def compare(
         try:
             result = rp.compare_groups(store, a, b, sweep_name, where or (), metric, scorer,
                                        None if step == "last" else int(step), wanted)  # fmt: skip
-        except (rp.ReportError, StoreError) as e:
+        except (rp.ReportError, StoreError, StatsError) as e:
             _fail("compare", e)
     if output_format == "json":
         typer.echo(result.to_json(), nl=False)

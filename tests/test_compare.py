@@ -242,3 +242,16 @@ def test_compare_no_common_benchmark(build, db):
     build.evaluate(build.run(spec("dapo", 0)), 300, "aime25", correct_counts(rng, np.full(10, 0.5)))
     res = invoke("compare", "GRPO", "DAPO", "--db", db)
     assert res.exit_code == 2 and "no benchmark scored for every run of A and B (A: aime24; B: aime25)" in res.output
+
+
+def test_validation_rewards_outside_zero_one_get_no_interval_not_a_traceback(build, db, tmp_path):
+    for seed, value in enumerate((-0.4, 0.2)):  # a score in [-1, 1] (a reward), not an accuracy
+        run_id = build.run(spec("grpo", seed))
+        path = tmp_path / f"{run_id}.jsonl"
+        path.write_text(json.dumps({"step": 50, "data": {"val-core/toy_add/score/mean@8": value}}) + "\n")
+        build.store.ingest_metrics(run_id, path)
+    res = invoke("report", "--table", "--db", db)
+    assert res.exit_code == 0, res.output
+    assert "-10.0" in res.output and "no interval: 2 seeds" in res.output
+    res = invoke("compare", "GRPO", "GRPO", "--db", db)
+    assert res.exit_code == 2 and "scores must be per-problem accuracies in [0, 1]" in res.output

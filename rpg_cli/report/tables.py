@@ -44,6 +44,7 @@ if TYPE_CHECKING:
 WHICH = ("last", "best_val", "best_test")
 WHICH_TITLES = {"last": "Last", "best_val": "Best (val-selected)", "best_test": "Best (test-selected)"}
 SCALE = 100.0  # printed numbers are percentages
+NO_ACCURACY = "nothing (not accuracies in [0, 1]: no interval)"
 DIGITS = 1
 
 
@@ -191,7 +192,7 @@ def _cell(
     if not have:
         return Cell()
     if kind == "best_test":  # the maximum over steps: no single step, so no per-problem scores
-        return Cell.of(stats.score_from_means([result.values[r][bench].best for r in have]))
+        return _means_cell([result.values[r][bench].best for r in have])
     if kind == "last":
         picks = [(r, result.values[r][bench].last_step) for r in have]
         values = [result.values[r][bench].last for r in have]
@@ -206,7 +207,17 @@ def _cell(
                 values.append(test[step])
         if not picks:
             return Cell()
-    return Cell.of(cell_interval(evidence, picks, values, bench))
+    try:
+        return Cell.of(cell_interval(evidence, picks, values, bench))
+    except stats.StatsError:  # not an accuracy (a reward in [-1, 1] logged as validation): no interval
+        return Cell(statistics.fmean(values), n=len(values), resampled=NO_ACCURACY)
+
+
+def _means_cell(values: list[float]) -> Cell:
+    try:
+        return Cell.of(stats.score_from_means(values))
+    except stats.StatsError:
+        return Cell(statistics.fmean(values), n=len(values), resampled=NO_ACCURACY)
 
 
 def _notes(table: Table) -> list[str]:
@@ -223,7 +234,7 @@ def _notes(table: Table) -> list[str]:
                         problems.add(cell.problems)
     for resampled, (seeds, problems) in covers.items():
         counts = _span(seeds, "seed") + (f" x {_span(problems, 'problem')}" if problems else "")
-        what = "no interval" if resampled == NOTHING else f"interval over {resampled}"
+        what = "no interval" if resampled in (NOTHING, NO_ACCURACY) else f"interval over {resampled}"
         notes.append(f"{what}: {counts}")
     if "best_val" in table.which:
         notes.append(f"Best (val-selected): each run's step with the highest {table.select_on} score, scored at that step")
