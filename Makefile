@@ -1,4 +1,4 @@
-# make demo   install if needed, then run the CPU smoke sweep end to end and print the report
+# make demo   install if needed, then the CPU seed grid end to end: sweep, eval, report, compare
 # make test   install if needed, then run the test suite
 # make bench  install if needed, then run the benchmarks and print their ratios
 # make lint   install if needed, then ruff: the lint rules and the formatting (pyproject.toml [tool.ruff])
@@ -36,10 +36,14 @@ lint: $(STAMP)
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
 
+# The seed grid (3 methods x 3 seeds): a first table with intervals and a verdict. experiments/smoke.yaml
+# (every algorithm, one seed) is the longer tour: rpg sweep experiments/smoke.yaml.
 demo: $(STAMP)
 	$(VENV)/bin/rpg prepare-data --toy
-	$(VENV)/bin/rpg sweep experiments/smoke.yaml
-	$(VENV)/bin/rpg report --table --sweep smoke
+	$(VENV)/bin/rpg sweep experiments/smoke-seeds.yaml
+	$(VENV)/bin/rpg eval smoke-seeds --local -b data/toy/val.parquet
+	$(VENV)/bin/rpg report --table --sweep smoke-seeds
+	$(VENV)/bin/rpg compare GRPO RPG-REINFORCE-URKL --sweep smoke-seeds
 
 bench: $(STAMP) $(VENV)/.bench-installed
 	@for f in benchmarks/bench_*.py; do echo "== $$f"; $(PY) $$f || exit 1; done

@@ -33,7 +33,8 @@ def examples(command: str) -> list[str]:
 
 
 def test_every_command_is_covered():
-    assert set(COMMANDS) == {"prepare-data", "sweep", "eval", "report", "runs", "logs", "cancel", "stop", "export"}
+    assert set(COMMANDS) == {"prepare-data", "sweep", "eval", "report", "compare", "runs", "logs", "cancel", "stop",
+                             "export"}
 
 
 @pytest.mark.parametrize("columns", [80, 120])

@@ -1,5 +1,6 @@
 """`rpg report` and `rpg_cli.report` on real SQLite stores filled by the tests with known values:
-Last/Best, mean ± std over seeds, bold/underline, the four text formats, --compare-paper, plots
+Last/Best, mean over seeds with a seeds-only interval (benchmark means: no samples here; the
+per-problem intervals are test_compare.py's), bold/underline, the four text formats, --compare-paper, plots
 (files and figure objects), run summaries with --where, and bad input."""
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from rpg_cli import report
+from rpg_cli import report, stats
 from rpg_cli.cli import app
 from rpg_cli.orchestration.plan import RunPlan
 from rpg_cli.store import open_store
@@ -128,8 +129,8 @@ def row_of(table, method):
     return rows[0]
 
 
-def test_last_best_and_mean_std_over_seeds(store, grid):
-    table = report.build_table(store)
+def test_last_best_and_mean_interval_over_seeds(store, grid):
+    table = report.build_table(store, compare_paper=True)
     assert table.metric == "mean@32"
     assert table.benchmarks == ["aime24", "aime25"]
     assert [(g.model, g.context) for g in table.groups] == [("Qwen3-4B", "4K")]
@@ -139,54 +140,59 @@ def test_last_best_and_mean_std_over_seeds(store, grid):
         for bench in ("aime24", "aime25"):
             last, best = expected(key, bench)
             assert row.cells[(bench, "last")].mean == pytest.approx(last)
-            assert row.cells[(bench, "best")].mean == pytest.approx(best)
-            assert row.cells[(bench, "last")].std is None and row.cells[(bench, "last")].n == 1
+            assert row.cells[(bench, "best_test")].mean == pytest.approx(best)
+            assert row.cells[(bench, "last")].low is None and row.cells[(bench, "last")].n == 1
     rpg = row_of(table, "RPG-UFKL")
     assert len(rpg.runs) == 2
     for bench in ("aime24", "aime25"):
         lasts = [expected(("rpg", "ufkl", s), bench)[0] for s in (0, 1)]
         bests = [expected(("rpg", "ufkl", s), bench)[1] for s in (0, 1)]
         assert rpg.cells[(bench, "last")].mean == pytest.approx(statistics.fmean(lasts))
-        assert rpg.cells[(bench, "last")].std == pytest.approx(statistics.stdev(lasts))
-        assert rpg.cells[(bench, "best")].mean == pytest.approx(statistics.fmean(bests))
-        assert rpg.cells[(bench, "best")].n == 2
+        interval = stats.score_from_means(lasts)  # benchmark means only: an interval over the seeds
+        assert (rpg.cells[(bench, "last")].low, rpg.cells[(bench, "last")].high) == (interval.low, interval.high)
+        assert rpg.cells[(bench, "last")].resampled == stats.MEANS_ONLY
+        assert rpg.cells[(bench, "best_test")].mean == pytest.approx(statistics.fmean(bests))
+        assert rpg.cells[(bench, "best_test")].n == 2
+    assert report.build_table(store).which == ("last",)  # the test-selected Best only beside the paper
 
 
 def test_bold_best_and_underline_second_per_column(store, grid):
-    table = report.build_table(store)
+    table = report.build_table(store, compare_paper=True)
     ranks = {(r.method, col): r.cells[col].rank for r in table.groups[0].rows for col in table.columns}
     # aime24 Last: GRPO .35, DAPO .50, RPG mean(.55,.45)=.50 -> DAPO and RPG tie for best, GRPO second
     assert ranks[("DAPO", ("aime24", "last"))] == 1 and ranks[("RPG-UFKL", ("aime24", "last"))] == 1
     assert ranks[("GRPO", ("aime24", "last"))] == 2
     # aime24 Best: GRPO .40, DAPO .50, RPG mean(.60,.50)=.55
-    assert [ranks[(m, ("aime24", "best"))] for m in ("RPG-UFKL", "DAPO", "GRPO")] == [1, 2, None]
+    assert [ranks[(m, ("aime24", "best_test"))] for m in ("RPG-UFKL", "DAPO", "GRPO")] == [1, 2, None]
     # aime25 Best: GRPO .25, DAPO .30, RPG mean(.36,.40)=.38
-    assert [ranks[(m, ("aime25", "best"))] for m in ("RPG-UFKL", "DAPO", "GRPO")] == [1, 2, None]
+    assert [ranks[(m, ("aime25", "best_test"))] for m in ("RPG-UFKL", "DAPO", "GRPO")] == [1, 2, None]
     md = report.to_markdown(table)
     rpg_line = next(line for line in md.splitlines() if line.startswith("| RPG-UFKL"))
-    assert "**0.5500 ± 0.0707**" in rpg_line  # aime24 Best: mean .55, stdev of (.60, .50)
+    best = stats.score_from_means([0.60, 0.50])  # aime24 Best: mean .55, an interval over the two seeds
+    assert f"**55.0 [{best.low * 100:.1f}, {best.high * 100:.1f}]**" in rpg_line
     grpo_line = next(line for line in md.splitlines() if line.startswith("| GRPO"))
-    assert "<u>0.3500</u>" in grpo_line and "**" not in grpo_line
+    assert "<u>35.0</u>" in grpo_line and "**" not in grpo_line
 
 
 def test_markdown_csv_json_shapes(store, grid):
-    table = report.build_table(store)
+    table = report.build_table(store, compare_paper=True)
     md = report.to_markdown(table)
     rows = [line for line in md.splitlines() if line.startswith("|")]
     assert len(rows) == 2 + 3  # header, alignment, one per method
     assert all(line.count("|") == rows[0].count("|") for line in rows)
-    assert "aime24 Last" in rows[0] and "aime25 Best" in rows[0]
+    assert "aime24 Last" in rows[0] and "aime25 Best (test-selected)" in rows[0]
 
     records = list(csv.DictReader(io.StringIO(report.to_csv(table))))
     assert [r["method"] for r in records] == ["GRPO", "DAPO", "RPG-UFKL"]
     assert float(records[1]["aime24_last_mean"]) == pytest.approx(0.50)
-    assert records[1]["aime24_last_std"] == ""
+    assert records[1]["aime24_last_low"] == "" and records[2]["aime24_last_low"] != ""  # one seed: no interval
     assert records[2]["seeds"] == "2"
 
     doc = json.loads(report.to_json(table))
     assert doc["metric"] == "mean@32" and doc["benchmarks"] == ["aime24", "aime25"]
-    cell = doc["groups"][0]["rows"][2]["cells"]["aime25"]["best"]
+    cell = doc["groups"][0]["rows"][2]["cells"]["aime25"]["best_test"]
     assert cell["mean"] == pytest.approx(0.38) and cell["n"] == 2 and cell["rank"] == 1
+    assert cell["low"] < 0.38 < cell["high"] and cell["resampled"] == stats.MEANS_ONLY
 
 
 def _balanced(text: str) -> bool:
@@ -201,7 +207,7 @@ def _balanced(text: str) -> bool:
 
 
 def test_latex_is_structurally_sound(store, grid):
-    tex = report.to_latex(report.build_table(store))
+    tex = report.to_latex(report.build_table(store, compare_paper=True))
     assert _balanced(tex)
     assert tex.count("\\begin{tabular}") == tex.count("\\end{tabular}") == 1
     ncols = len(re.search(r"\\begin\{tabular\}\{(\w+)\}", tex).group(1))
@@ -214,8 +220,9 @@ def test_latex_is_structurally_sound(store, grid):
     methods = [line.split("&")[0].strip() for line in body]
     for method in ("GRPO", "DAPO", "RPG-UFKL"):
         assert methods.count(method) == 1
-    assert "\\textbf{0.5500 $\\pm$ 0.0707}" in tex
-    assert "\\underline{0.3500}" in tex
+    best = stats.score_from_means([0.60, 0.50])
+    assert f"\\textbf{{55.0 {{\\scriptsize [{best.low * 100:.1f}, {best.high * 100:.1f}]}}}}" in tex
+    assert "\\underline{35.0}" in tex
 
 
 def test_groups_by_model_and_context_and_names_variants(store, fill):
@@ -252,15 +259,15 @@ def test_compare_paper_matches_by_method_model_context(store, fill):
     table = report.build_table(store, compare_paper=True)
     g = row_of(table, "GRPO").cells[("aime24", "last")]
     assert (g.paper, g.diff) == (pytest.approx(0.3458), pytest.approx(0.35 - 0.3458))
-    b = row_of(table, "GRPO").cells[("aime24", "best")]
+    b = row_of(table, "GRPO").cells[("aime24", "best_test")]
     assert (b.paper, b.diff) == (pytest.approx(0.3677), pytest.approx(0.40 - 0.3677))
-    u = row_of(table, "RPG-UFKL").cells[("aime25", "best")]
+    u = row_of(table, "RPG-UFKL").cells[("aime25", "best_test")]
     assert (u.paper, u.diff) == (pytest.approx(0.3979), pytest.approx(0.42 - 0.3979))
     assert row_of(table, "RPG-UFKL").paper_method == "RPG-UFKL"
     # a schedule-free run has no published counterpart
     assert row_of(table, "RPG-URKL").cells[("aime25", "last")].paper is None
     md = report.to_markdown(table)
-    assert "| paper | Δ |" in md and "0.3458 | +0.0042" in md
+    assert "| paper | Δ |" in md and "34.6 | +0.4" in md  # percent, the difference in points
     rec = next(r for r in csv.DictReader(io.StringIO(report.to_csv(table))) if r["method"] == "GRPO")
     assert float(rec["aime24_last_paper"]) == pytest.approx(0.3458)
     assert _balanced(report.to_latex(table))
@@ -277,7 +284,7 @@ def test_compare_paper_fills_table_7_from_the_appendix_benchmarks(store, fill):
     assert table.benchmarks == ["minerva_math", "olympiadbench"]
     m = row_of(table, "GRPO").cells[("minerva_math", "last")]
     assert m.paper == paper[("Qwen3-4B", "4K", "GRPO", "minerva_math")][0]
-    o = row_of(table, "RPG-UFKL").cells[("olympiadbench", "best")]
+    o = row_of(table, "RPG-UFKL").cells[("olympiadbench", "best_test")]
     assert (o.mean, o.paper) == (0.5, paper[("Qwen3-4B", "4K", "RPG-UFKL", "olympiadbench")][1])
 
 
@@ -312,19 +319,19 @@ def test_training_validation_metrics_feed_the_table(store, fill):
     })  # fmt: skip
     evaluated = fill.run(spec("grpo"))
     fill.evals(evaluated, "aime24", {10: 0.7})
-    table = report.build_table(store)
+    table = report.build_table(store, compare_paper=True)
     assert table.benchmarks == ["aime24", "aime25"]
     dapo = row_of(table, "DAPO")
-    assert (dapo.cells[("aime24", "last")].mean, dapo.cells[("aime24", "best")].mean) == (0.5, 0.5)
-    assert (dapo.cells[("aime25", "last")].mean, dapo.cells[("aime25", "best")].mean) == (0.05, 0.1)
+    assert (dapo.cells[("aime24", "last")].mean, dapo.cells[("aime24", "best_test")].mean) == (0.5, 0.5)
+    assert (dapo.cells[("aime25", "last")].mean, dapo.cells[("aime25", "best_test")].mean) == (0.05, 0.1)
     assert row_of(table, "GRPO").cells[("aime24", "last")].mean == 0.7
     fill.run(spec("reinforce_pp"))  # never evaluated: no row, but counted
-    table = report.build_table(store)
+    table = report.build_table(store, compare_paper=True)
     assert [r.method for g in table.groups for r in g.rows] == ["GRPO", "DAPO"]
     assert table.sources == [f"rpg eval (scorer dapo, mean@32, {SHOWN}): 1 run",
                              f"training validation (mean@4, {val_shown()}): 1 run", "not scored yet: 1 run"]  # fmt: skip
-    maj = report.build_table(store, metric="maj@k")
-    assert maj.benchmarks == ["amc23"] and row_of(maj, "DAPO").cells[("amc23", "best")].mean == 0.9
+    maj = report.build_table(store, metric="maj@k", compare_paper=True)
+    assert maj.benchmarks == ["amc23"] and row_of(maj, "DAPO").cells[("amc23", "best_test")].mean == 0.9
 
 
 def test_validation_logged_before_ingestion_copied_it_is_read_from_the_metrics(tmp_path):
@@ -338,7 +345,7 @@ def test_validation_logged_before_ingestion_copied_it_is_read_from_the_metrics(t
     con.close()
     store = open_store(f"sqlite:///{db}", create=False)
     try:
-        table = report.build_table(store)
+        table = report.build_table(store, compare_paper=True)
     finally:
         store.close()
     # version 1 kept no protocol: the upgrade filled in what version 1 sampled with (n from k)
@@ -347,7 +354,7 @@ def test_validation_logged_before_ingestion_copied_it_is_read_from_the_metrics(t
     (row,) = [r for g in table.groups for r in g.rows]
     assert (row.method, len(row.runs)) == ("RPG-URKL", 3)
     assert row.cells[("aime24", "last")].mean == 0.25 and row.cells[("aime24", "last")].n == 1
-    assert (row.cells[("aime25", "last")].mean, row.cells[("aime25", "best")].n) == (pytest.approx(0.2), 2)
+    assert (row.cells[("aime25", "last")].mean, row.cells[("aime25", "best_test")].n) == (pytest.approx(0.2), 2)
 
 
 def test_validation_copied_at_ingestion_is_used_under_the_papers_benchmark_names(store, fill):
@@ -365,12 +372,12 @@ def test_validation_copied_at_ingestion_is_used_under_the_papers_benchmark_names
     both = fill.run(spec("grpo"))
     fill.evals(both, "aime24", {10: 0.6}, scorer="dapo")
     fill.evals(both, "aime24", {10: 0.05}, metric="mean@k", scorer=VERL_SCORER)
-    table = report.build_table(store)
+    table = report.build_table(store, compare_paper=True)
     assert table.benchmarks == ["aime24"]
     assert row_of(table, "DAPO").cells[("aime24", "last")].mean == 0.1
-    assert row_of(table, "DAPO").cells[("aime24", "best")].mean == 0.2
+    assert row_of(table, "DAPO").cells[("aime24", "best_test")].mean == 0.2
     assert row_of(table, "GRPO").cells[("aime24", "last")].mean == 0.6  # rpg eval wins over the copy
-    maj = report.build_table(store, metric="maj@k")
+    maj = report.build_table(store, metric="maj@k", compare_paper=True)
     assert [r.method for g in maj.groups for r in g.rows] == ["DAPO"] and maj.metric == "maj@32"
     # verl's best@N is a biased bootstrap: never shown as pass@k
     with pytest.raises(report.ReportError, match=r"no run has pass@k scores; logged: maj@32, mean@32"):
@@ -392,7 +399,8 @@ def test_explicit_k_and_benchmark_selection(store, grid, fill):
 def test_cli_table_formats_and_output_file(db, grid, tmp_path):
     res = invoke("report", "--table", "--db", db)
     assert res.exit_code == 0, res.output
-    assert "RPG-UFKL" in res.output and "0.5500 ± 0.0707" in res.output
+    last = stats.score_from_means([0.55, 0.45])
+    assert "RPG-UFKL" in res.output and f"50.0 ±{(last.high - last.low) * 50:.1f}" in res.output
     res = invoke("report", "--table", "--format", "markdown", "--db", db)
     assert res.exit_code == 0 and res.output.startswith("## ") and "| DAPO |" in res.output
     out = tmp_path / "t" / "table.tex"
@@ -443,7 +451,7 @@ def curves(fill):
         run_id = fill.run(spec(alg, kl, seed))
         rows = {}
         for step in range(1, 21):
-            rows[step] = {"critic/score/mean": step / 20, "actor/entropy": 1 - step / 40,
+            rows[step] = {"critic/score/mean": step / 20 + 0.1 * seed, "actor/entropy": 1 - step / 40,
                           "response_length/mean": 100 + step, "actor/ppo_kl": 0.01 * step}  # fmt: skip
             if alg != "dapo":
                 rows[step]["actor/kl_loss"] = 0.001 * step
@@ -455,16 +463,26 @@ def curves(fill):
     return ids
 
 
-def test_plot_figure_has_one_line_per_run_per_panel(store, curves):
+def test_plot_figure_has_one_line_per_method_with_its_band(store, curves):
     fig = report.plot_training(store, metrics=["reward", "entropy", "response_length", "kl", "val"])
     axes = [ax for ax in fig.axes if ax.get_visible() and ax.get_title()]
     assert [ax.get_title() for ax in axes] == ["reward", "entropy", "response length", "kl", "val aime24", "val aime25"]
     for ax in axes:
-        n = 3 if ax.get_title() == "kl" else 4  # kl: actor/kl_loss, which DAPO does not log
+        n = 2 if ax.get_title() == "kl" else 3  # kl: actor/kl_loss, which DAPO does not log
         assert len(ax.get_lines()) == n, ax.get_title()
+        assert len(ax.collections) == n  # one shaded band per method
         assert ax.get_xlabel() == "training step" and ax.get_ylabel()
-    labels = {line.get_label() for line in axes[0].get_lines()}
-    assert labels == {"GRPO · seed 0", "DAPO · seed 0", "RPG-URKL · seed 0", "RPG-URKL · seed 1"}
+    labels = [line.get_label() for line in axes[0].get_lines()]
+    assert labels == ["GRPO", "DAPO", "RPG-URKL (2 seeds)"]
+    assert stats.BAND_MEANING in fig._suptitle.get_text()
+    # the mean of the two RPG-URKL seeds (rewards step/20 and step/20 + 0.1), its band the t interval
+    rpg = axes[0].get_lines()[2]
+    band = stats.curve_band([(range(1, 21), [s / 20 for s in range(1, 21)]), (range(1, 21), [s / 20 + 0.1 for s in range(1, 21)])])
+    assert list(rpg.get_ydata()) == pytest.approx(list(band.mean))
+    (verts,) = axes[0].collections[2].get_paths()
+    assert verts.vertices[:, 1].max() == pytest.approx(band.high.max())
+    per_seed = report.plot_training(store, metrics=["reward"], per_seed=True)
+    assert len(per_seed.axes[0].get_lines()) == 3 + 4  # and one thin line per run
     assert len(fig.legends) == 1  # one legend, outside the panels
     val = axes[4].get_lines()[0]
     assert list(val.get_xdata()) == [5, 10, 15, 20] and list(val.get_ydata()) == [0.125, 0.25, 0.375, 0.5]
@@ -557,5 +575,5 @@ def test_footer_shows_the_starting_policy_when_runs_validated_before_training(st
     late = fill.run(spec("reinforce_pp"))
     fill.metrics(late, {5: {"val-core/math_dapo/acc/mean@4": 0.9}})
     table = report.build_table(store)
-    assert table.sources[-1] == "starting policy (step 0) on Qwen3-4B 4K: aime24 0.2000"
+    assert table.sources[-1] == "starting policy (step 0) on Qwen3-4B 4K: aime24 20.0"
     assert row_of(table, "DAPO").cells[("aime24", "last")].mean == 0.6  # Last/Best unchanged by the footer

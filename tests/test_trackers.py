@@ -460,6 +460,19 @@ def test_export_to_wandb_offline_twice_keeps_one_run_per_rpg_run(tmp_path, offli
     assert_no_secrets(tmp_path, text="".join(out))
 
 
+def test_evals_under_two_protocols_never_share_a_tracker_key():
+    from rpg_cli.trackers.export import eval_metrics
+
+    def row(step, value, temperature):
+        return {"step": step, "benchmark": "aime25", "scorer": "dapo", "metric": "mean@k", "k": 8, "value": value,
+                "n": 8, "temperature": temperature, "top_p": 1.0, "max_tokens": 64, "seed": 0}
+
+    rows = [row(2, 0.5, 1.0), row(3, 0.6, 1.0), row(3, 0.9, 0.6)]  # step 3 scored twice, at T 1.0 and 0.6
+    assert eval_metrics(rows) == {2: {"eval/aime25/dapo/mean@8": 0.5},
+                                  3: {"eval/aime25/dapo/mean@8": 0.6,
+                                      "eval/aime25/dapo/mean@8/n8_T0.6_top_p1_max64_seed0": 0.9}}
+
+
 def test_an_offline_reexport_in_the_same_second_replaces_the_earlier_one(tmp_path):
     from rpg_cli.trackers.export import _drop_earlier_offline_runs
 

@@ -2,7 +2,9 @@
 
     names    methods, models, contexts and benchmarks as the paper writes them; the rows' order
     scores   where each run's Last/Best comes from (`rpg eval`, else its logged validation)
-    tables   the Last/Best table as data: rows per method, mean ± std over seeds, ranks, paper numbers
+    evidence per-problem scores (`rpg eval` samples) or benchmark means behind each interval
+    tables   the Last/Best table as data: rows per method, score and 95% interval, ranks, paper numbers
+    compare  `rpg compare A B`: two groups of runs, the paired difference and a verdict
     render   the table as Markdown, LaTeX, CSV, JSON (the terminal table is the CLI's)
     plots    training dynamics (matplotlib, imported only when drawing)
     summary  `rpg runs`: one row per run, filtered by sweep, state and spec
@@ -10,9 +12,20 @@
 The queries themselves live in the store (rpg_cli.store.queries).
 """
 
+from rpg_cli.report.compare import compare_groups
 from rpg_cli.report.names import method_base, method_labels
 from rpg_cli.report.plots import DEFAULT_PLOT_METRICS, plot_training, save_figure, smooth
-from rpg_cli.report.render import FORMAT_BY_SUFFIX, RENDERERS, column_title, to_csv, to_json, to_latex, to_markdown
+from rpg_cli.report.render import (
+    FORMAT_BY_SUFFIX,
+    RENDERERS,
+    column_title,
+    footer,
+    group_title,
+    to_csv,
+    to_json,
+    to_latex,
+    to_markdown,
+)
 from rpg_cli.report.scores import ReportError, scores
 from rpg_cli.report.summary import runs_summary, summary_csv, wall_text
 from rpg_cli.report.tables import Table, build_table, cell_text, fmt, paper_results
@@ -26,7 +39,10 @@ __all__ = [
     "build_table",
     "cell_text",
     "column_title",
+    "compare_groups",
     "fmt",
+    "footer",
+    "group_title",
     "method_base",
     "method_labels",
     "paper_results",

@@ -107,8 +107,9 @@ def method_sort_key(label: str) -> tuple[int, str]:
     return (METHOD_ORDER.index(base) if base in METHOD_ORDER else len(METHOD_ORDER), label)
 
 
-def run_labels(runs: Sequence[RunRecord]) -> dict[str, str]:
-    """A legend label per run: its method, plus model, context and seed where the runs differ in them."""
+def run_labels(runs: Sequence[RunRecord], seed: bool = True) -> dict[str, str]:
+    """A legend label per run: its method, plus model, context and seed (unless seed=False: then the
+    seeds of a method share it) where the runs differ in them."""
     labels = method_labels({r.id: r.spec for r in runs})
     varies = {k: len({str(r.spec.get(k)) for r in runs}) > 1 for k in ("model", "context", "seed")}
     out = {}
@@ -118,7 +119,7 @@ def run_labels(runs: Sequence[RunRecord]) -> dict[str, str]:
             parts.append(model_name(r.spec))
         if varies["context"]:
             parts.append(context_name(r.spec))
-        if varies["seed"]:
+        if seed and varies["seed"]:
             parts.append(f"seed {r.spec.get('seed')}")
         out[r.id] = " · ".join(parts)
     return out

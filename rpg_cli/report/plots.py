@@ -1,5 +1,7 @@
 """Training dynamics from the store: one panel per metric (reward, entropy, response length, KL, the
-validation score per benchmark), one line per run. matplotlib is imported only when a figure is drawn."""
+validation score per benchmark), one line per method (the mean over its seeds) with a shaded 95% band
+(rpg_cli.stats.curve_band), optionally each seed's run as a thin line. matplotlib is imported only when
+a figure is drawn."""
 
 from __future__ import annotations
 
@@ -13,6 +15,7 @@ from typing import TYPE_CHECKING
 from rpg_cli.report.names import BENCHMARK_ORDER, method_sort_key, run_labels
 from rpg_cli.report.scores import VAL_KEY_RE, ReportError, pick_val_keys, select_runs, val_keys
 from rpg_cli.rundir import REWARD_KEY, write_atomic
+from rpg_cli.stats import BAND_MEANING, curve_band
 
 if TYPE_CHECKING:
     from matplotlib.figure import Figure
@@ -100,10 +103,12 @@ def plot_training(
     metrics: Sequence[str] = DEFAULT_PLOT_METRICS,
     smooth_window: int = 1,
     strict: bool = True,
+    per_seed: bool = False,
 ) -> Figure:
-    """Training dynamics: one panel per metric (val: per benchmark), one line per run, shared legend
-    below the panels. With strict=False, metrics nobody logged are left out instead of an error.
-    Uses matplotlib's Agg backend (no display needed)."""
+    """Training dynamics: one panel per metric (val: per benchmark), one line per method (the mean over
+    its seeds, each seed's curve smoothed first) with its 95% band, and with per_seed each run as a thin
+    line; shared legend below the panels, the band's meaning in the title. With strict=False, metrics
+    nobody logged are left out instead of an error. Uses matplotlib's Agg backend (no display needed)."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -113,22 +118,29 @@ def plot_training(
     ids = [r.id for r in runs]
     panels = plot_panels(store, ids, metrics, strict)
     data = store.series(ids, sorted({p.key for p in panels}))
-    labels = run_labels(runs)
-    order = sorted(runs, key=lambda r: (method_sort_key(labels[r.id].split(" · ")[0]), labels[r.id]))
-    colors = matplotlib.colormaps["tab10" if len(order) <= 10 else "tab20"]
+    labels = run_labels(runs, seed=False)
+    methods: dict[str, list[str]] = {}
+    for r in sorted(runs, key=lambda r: (method_sort_key(labels[r.id].split(" · ")[0]), labels[r.id])):
+        methods.setdefault(labels[r.id], []).append(r.id)
+    colors = matplotlib.colormaps["tab10" if len(methods) <= 10 else "tab20"]
 
     ncols = min(3, len(panels))
     nrows = math.ceil(len(panels) / ncols)
     fig = Figure(figsize=(4.6 * ncols, 3.3 * nrows), layout="constrained")
     axes = fig.subplots(nrows, ncols, squeeze=False).ravel()
     for ax, panel in zip(axes, panels):
-        for i, run in enumerate(order):
-            if (run.id, panel.key) not in data:
+        for i, (label, ids) in enumerate(methods.items()):
+            curves = [(data[(r, panel.key)][0], smooth(data[(r, panel.key)][1], smooth_window)) for r in ids if (r, panel.key) in data]
+            if not curves:
                 continue
-            steps, values = data[(run.id, panel.key)]
-            ax.plot(
-                steps, smooth(values, smooth_window), label=labels[run.id], color=colors(i % colors.N), linewidth=1.4
-            )
+            color = colors(i % colors.N)
+            band = curve_band(curves)
+            seeds = f" ({len(curves)} seeds)" if len(curves) > 1 else ""
+            ax.plot(band.steps, band.mean, label=label + seeds, color=color, linewidth=1.6)
+            ax.fill_between(band.steps, band.low, band.high, color=color, alpha=0.2, linewidth=0)
+            if per_seed:
+                for steps, values in curves:
+                    ax.plot(steps, values, color=color, linewidth=0.5, alpha=0.6)
         ax.set_title(panel.title)
         ax.set_xlabel("training step")
         ax.set_ylabel(panel.ylabel)
@@ -145,6 +157,8 @@ def plot_training(
     fig.suptitle(
         f"{sweep or 'all runs'}: training dynamics"
         + (f" (moving average over {smooth_window} steps)" if smooth_window > 1 else "")
+        + f"\n{BAND_MEANING}" + ("; thin lines: single seeds" if per_seed else ""),
+        fontsize="medium",
     )
     return fig
 

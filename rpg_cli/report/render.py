@@ -7,15 +7,24 @@ import io
 import json
 from typing import Any
 
-from rpg_cli.report.tables import WHICH, Table, cell_text, fmt
+from rpg_cli.report.tables import WHICH_TITLES, Table, cell_bounds, fmt
 
 
 def column_title(bench: str, which: str) -> str:
-    return f"{bench} {which.capitalize()}"
+    return f"{bench} {WHICH_TITLES[which]}"
 
 
 def title(table: Table) -> str:
-    return f"{table.sweep or 'all runs'}: {table.metric}, Last/Best over evaluated steps"
+    return f"{table.sweep or 'all runs'}: {table.metric} in percent, {' / '.join(WHICH_TITLES[w] for w in table.which)}"
+
+
+def group_title(group) -> str:
+    return f"{group.model} · {group.context}" + (f" · {group.protocol}" if group.protocol else "")
+
+
+def footer(table: Table) -> list[str]:
+    """The lines under a table: what the intervals cover, then where the scores come from."""
+    return [*table.notes, "Sources: " + "; ".join(table.sources) + "."]
 
 
 def to_markdown(table: Table) -> str:
@@ -28,7 +37,7 @@ def to_markdown(table: Table) -> str:
             if table.compare_paper:
                 header += ["paper", "Δ"]
         out += [
-            f"### {group.model} · {group.context}",
+            f"### {group_title(group)}",
             "",
             "| " + " | ".join(header) + " |",
             "|" + "|".join([":---", "---:"] + ["---:"] * (len(header) - 2)) + "|",
@@ -37,13 +46,13 @@ def to_markdown(table: Table) -> str:
             line = [_md_escape(row.method), str(len(row.runs))]
             for column in table.columns:
                 cell = row.cells[column]
-                text = cell_text(cell)
+                text = cell_bounds(cell)
                 line.append(f"**{text}**" if cell.rank == 1 else f"<u>{text}</u>" if cell.rank == 2 else text)
                 if table.compare_paper:
                     line += [fmt(cell.paper), fmt(cell.diff, signed=True)]
             out.append("| " + " | ".join(line) + " |")
         out.append("")
-    out.append("Sources: " + "; ".join(table.sources) + ".")
+    out += [f"- {line}" for line in footer(table)]
     return "\n".join(out) + "\n"
 
 
@@ -82,28 +91,24 @@ def to_latex(table: Table) -> str:
         f"\\begin{{tabular}}{{{spec}}}",
         "\\toprule",
     ]
-    top = [" ", " "] + [f"\\multicolumn{{{2 * per_column}}}{{c}}{{{latex_escape(b)}}}" for b in table.benchmarks]
+    top = [" ", " "] + [f"\\multicolumn{{{len(table.which) * per_column}}}{{c}}{{{latex_escape(b)}}}" for b in table.benchmarks]
     lines.append(" & ".join(top) + " \\\\")
     second = ["Method", "Seeds"]
     for _, which in table.columns:
-        second.append(which.capitalize())
+        second.append(latex_escape(WHICH_TITLES[which]))
         if table.compare_paper:
             second += ["Paper", "$\\Delta$"]
     lines.append(" & ".join(second) + " \\\\")
     for group in table.groups:
         lines.append("\\midrule")
         lines.append(
-            f"\\multicolumn{{{ncols}}}{{l}}{{\\textit{{{latex_escape(group.model)}, {latex_escape(group.context)}}}}} \\\\"
+            f"\\multicolumn{{{ncols}}}{{l}}{{\\textit{{{latex_escape(group_title(group))}}}}} \\\\"
         )
         for row in group.rows:
             cells = [latex_escape(row.method), str(len(row.runs))]
             for column in table.columns:
                 cell = row.cells[column]
-                text = (
-                    "--"
-                    if cell.mean is None
-                    else fmt(cell.mean) + (f" $\\pm$ {fmt(cell.std)}" if cell.std is not None else "")
-                )
+                text = "--" if cell.mean is None else cell_bounds(cell).replace(" [", " {\\scriptsize [").replace("]", "]}")
                 cells.append(
                     f"\\textbf{{{text}}}" if cell.rank == 1 else f"\\underline{{{text}}}" if cell.rank == 2 else text
                 )
@@ -113,13 +118,16 @@ def to_latex(table: Table) -> str:
                         "--" if cell.diff is None else f"${fmt(cell.diff, signed=True)}$",
                     ]
             lines.append(" & ".join(cells) + " \\\\")
-    lines += ["\\bottomrule", "\\end{tabular}", "\\end{table}"]
+    lines += ["\\bottomrule", "\\end{tabular}"]
+    lines += [f"\\par\\footnotesize {latex_escape(line)}" for line in footer(table)]
+    lines += ["\\end{table}"]
     return "\n".join(lines) + "\n"
 
 
 def table_records(table: Table) -> list[dict[str, Any]]:
     """One flat dict per row: model, context, method, seeds, runs, then per benchmark and Last/Best
-    the mean, std, rank (and paper, diff with --compare-paper)."""
+    the estimate (mean), the 95% interval's bounds (low, high), seeds (n), problems, what the
+    interval covers (resampled), rank (and paper, diff with --compare-paper). Fractions in [0, 1]."""
     records = []
     for group in table.groups:
         for row in group.rows:
@@ -132,9 +140,8 @@ def table_records(table: Table) -> list[dict[str, Any]]:
             }
             for (bench, which), cell in row.cells.items():
                 prefix = f"{bench}_{which}"
-                rec[f"{prefix}_mean"], rec[f"{prefix}_std"], rec[f"{prefix}_rank"] = cell.mean, cell.std, cell.rank
-                if table.compare_paper:
-                    rec[f"{prefix}_paper"], rec[f"{prefix}_diff"] = cell.paper, cell.diff
+                for key in CELL_FIELDS:
+                    rec[f"{prefix}_{key}"] = getattr(cell, key)
             records.append(rec)
     return records
 
@@ -155,11 +162,16 @@ def to_json(table: Table) -> str:
         "sweep": table.sweep,
         "metric": table.metric,
         "benchmarks": table.benchmarks,
+        "which": list(table.which),
+        "select_on": table.select_on,
+        "scale": "fractions in [0, 1]",
+        "notes": table.notes,
         "sources": table.sources,
         "groups": [
             {
                 "model": g.model,
                 "context": g.context,
+                "protocol": g.protocol,
                 "rows": [
                     {
                         "method": row.method,
@@ -168,11 +180,8 @@ def to_json(table: Table) -> str:
                         "runs": row.runs,
                         "cells": {
                             bench: {
-                                which: {
-                                    k: getattr(row.cells[(bench, which)], k)
-                                    for k in ("mean", "std", "n", "rank", "paper", "diff")
-                                }
-                                for which in WHICH
+                                which: {k: getattr(row.cells[(bench, which)], k) for k in CELL_FIELDS}
+                                for which in table.which
                             }
                             for bench in table.benchmarks
                         },
@@ -186,5 +195,6 @@ def to_json(table: Table) -> str:
     return json.dumps(doc, indent=2) + "\n"
 
 
+CELL_FIELDS = ("mean", "low", "high", "n", "problems", "resampled", "rank", "paper", "diff")
 RENDERERS = {"markdown": to_markdown, "latex": to_latex, "csv": to_csv, "json": to_json}
 FORMAT_BY_SUFFIX = {".md": "markdown", ".markdown": "markdown", ".tex": "latex", ".csv": "csv", ".json": "json"}

@@ -8,7 +8,7 @@ from __future__ import annotations
 import re
 from collections import defaultdict
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from rpg_cli.benchmarks import benchmark_name
@@ -61,6 +61,28 @@ class Score:
     first: float | None = None  # the value at the first evaluated step (step 0: the starting policy)
 
 
+@dataclass(frozen=True)
+class Origin:
+    """Where a run's scores come from: the `evals` rows of one scorer, statistic, k and protocol
+    (scorer VERL_VAL_SCORER: the validation the trainer logged); protocol None: read from `metrics`
+    (a version 1 database), no protocol known."""
+
+    scorer: str
+    stat: str
+    k: int
+    names: tuple[str, ...]  # the metric names of those `evals` rows
+    protocol: tuple[tuple[str, object], ...] | None  # sorted (name, value) pairs of schema.PROTOCOL
+
+    @property
+    def evaluated(self) -> bool:
+        """Scored by `rpg eval`: its samples are stored, so per-problem scores exist."""
+        return self.scorer != VERL_VAL_SCORER and self.protocol is not None
+
+    def text(self) -> str:
+        how = "training validation" if self.scorer == VERL_VAL_SCORER else f"rpg eval (scorer {self.scorer})"
+        return f"{how}, {self.stat}@{self.k}" + (f", {protocol_text(dict(self.protocol))}" if self.protocol else "")
+
+
 @dataclass
 class Scores:
     """Per-run, per-benchmark Last/Best of one metric, and where they came from."""
@@ -68,6 +90,9 @@ class Scores:
     values: dict[str, dict[str, Score]]  # run id -> benchmark -> score
     sources: list[str]  # human-readable: "rpg eval (scorer dapo, mean@32): 12 runs"
     metric: str  # the resolved name, e.g. mean@32 (or mean@32/mean@4 when sources differ)
+    origins: dict[str, Origin] = field(default_factory=dict)  # run id -> where its values come from
+    # `rpg eval` protocols not shown (each with the runs scored under it): the table gives each its own section
+    other_protocols: list[tuple[dict, set[str]]] = field(default_factory=list)
 
 
 def _eval_stat(metric: str, scorer: str) -> str | None:
@@ -113,32 +138,46 @@ def _val_combos(store: Store, run_ids: Sequence[str]) -> set[tuple[str, int]]:
     return out
 
 
-def scores(store: Store, run_ids: Sequence[str], metric: str = "mean@k") -> Scores:
+def scores(
+    store: Store, run_ids: Sequence[str], metric: str = "mean@k", scorer: str | None = None, protocol: dict | None = None
+) -> Scores:
     """Last and Best of `metric` for each run and benchmark, from the best source each run has:
-    `rpg eval` scores (the scorer with the most rows when there are several), else its logged
+    `rpg eval` scores (of `scorer`; by default the one with the most rows), else its logged
     validation metrics (as the store copied them into `evals`, else straight from `metrics`).
-    ReportError listing what exists when no run has the metric."""
+    `rpg eval` scores of one protocol only (the one most runs have, or `protocol`); the others are
+    in `other_protocols`, never mixed in. ReportError listing what exists when no run has the metric."""
     stat, k = parse_metric(metric)
     run_ids = list(run_ids)
     values: dict[str, dict[str, Score]] = {}
+    origins: dict[str, Origin] = {}
     sources, resolved = [], []
     combos = [c for c in _eval_combos(store, run_ids) if c[0] == stat and (k is None or c[1] == k)]
 
-    own = [c for c in combos if c[2] != VERL_VAL_SCORER]
+    own = [c for c in combos if c[2] != VERL_VAL_SCORER and (scorer is None or c[2] == scorer)]
+    others: list[tuple[dict, set[str]]] = []
+    if scorer is not None and scorer != VERL_VAL_SCORER and not own:
+        have = sorted({c[2] for c in combos if c[2] != VERL_VAL_SCORER})
+        raise ReportError(f"no {metric} scores from scorer {scorer!r}; scorers: {', '.join(have) or 'none (no rpg eval yet)'}")
     if own:
         k_eval = k if k is not None else max(c[1] for c in own)
-        scorer = _most_rows_scorer(store, run_ids, stat, k_eval, sorted({c[2] for c in own if c[1] == k_eval}))
-        names = _eval_names(stat, k_eval, scorer)
-        (protocol, _), *others = store.eval_protocols(run_ids, names, k_eval, scorer)
+        chosen = scorer or _most_rows_scorer(store, run_ids, stat, k_eval, sorted({c[2] for c in own if c[1] == k_eval}))
+        names = _eval_names(stat, k_eval, chosen)
+        protocols = store.eval_protocols(run_ids, names, k_eval, chosen)
+        if protocol is not None:
+            protocols = sorted(protocols, key=lambda pr: pr[0] != dict(protocol))
+        (shown, _), *others = protocols
+        origin = Origin(chosen, stat, k_eval, tuple(names), tuple(sorted(shown.items())))
         for run_id, bench, last_step, n, last, best, first_step, first in store.last_and_best_evals(
-            run_ids, names, k_eval, scorer, protocol
+            run_ids, names, k_eval, chosen, shown
         ):
             values.setdefault(run_id, {})[bench] = Score(last, best, last_step, n, first_step, first)
+            origins[run_id] = origin
         sources.append(
-            f"rpg eval (scorer {scorer}, {stat}@{k_eval}, {protocol_text(protocol)}): {runs_text(len(values))}"
+            f"rpg eval (scorer {chosen}, {stat}@{k_eval}, {protocol_text(shown)}): {runs_text(len(values))}"
         )
-        sources += _left_out(others, values, "evaluated")
         resolved.append(f"{stat}@{k_eval}")
+        if protocol is not None:  # a section of its own: the runs of the other protocols are in theirs
+            return Scores(values, sources, "/".join(resolved), origins)
 
     rest = [r for r in run_ids if r not in values]
     copied = [c for c in combos if c[2] == VERL_VAL_SCORER]
@@ -150,17 +189,19 @@ def scores(store: Store, run_ids: Sequence[str], metric: str = "mean@k") -> Scor
         validated = set().union(*(runs for _, runs in protocols))
         found: set[str] = set()
         if protocols:
-            (protocol, _), *others = protocols
+            (val_protocol, _), *val_others = protocols
+            origin = Origin(VERL_VAL_SCORER, stat, k_val, tuple(names), tuple(sorted(val_protocol.items())))
             for run_id, source, last_step, n, last, best, first_step, first in store.last_and_best_evals(
-                rest, names, k_val, VERL_VAL_SCORER, protocol
+                rest, names, k_val, VERL_VAL_SCORER, val_protocol
             ):
                 values.setdefault(run_id, {})[benchmark_name(source)] = Score(
                     last, best, last_step, n, first_step, first
                 )
+                origins[run_id] = origin
                 found.add(run_id)
-            sources += _left_out(others, values, "validated")
+            sources += _left_out(val_others, values, "validated")
         if found:
-            sources.append(f"training validation ({stat}@{k_val}, {protocol_text(protocol)}): {runs_text(len(found))}")
+            sources.append(f"training validation ({stat}@{k_val}, {protocol_text(val_protocol)}): {runs_text(len(found))}")
             resolved.append(f"{stat}@{k_val}")
 
     # logged before the store copied validation into evals (a version 1 database): read from metrics
@@ -170,6 +211,7 @@ def scores(store: Store, run_ids: Sequence[str], metric: str = "mean@k") -> Scor
         found = set()
         for run_id, key, last_step, n, last, best, first_step, first in store.last_and_best_metrics(rest, list(by_key)):
             values.setdefault(run_id, {})[by_key[key]] = Score(last, best, last_step, n, first_step, first)
+            origins[run_id] = Origin(VERL_VAL_SCORER, stat, int(VAL_KEY_RE.match(key)["k"]), (key,), None)
             found.add(run_id)
         label = "/".join(f"{stat}@{kk}" for kk in sorted({int(VAL_KEY_RE.match(key)["k"]) for key in by_key}))
         sources.append(f"training validation ({label}): {runs_text(len(found))}")
@@ -182,7 +224,7 @@ def scores(store: Store, run_ids: Sequence[str], metric: str = "mean@k") -> Scor
             "no evaluation scores yet: no `rpg eval` results and no val-core metrics logged for these runs; "
             "run `rpg eval RUN` (or train with validation on)"
         )
-    return Scores(values, sources, "/".join(dict.fromkeys(resolved)))
+    return Scores(values, sources, "/".join(dict.fromkeys(resolved)), origins, others)
 
 
 def protocol_text(protocol: dict) -> str:

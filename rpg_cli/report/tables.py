@@ -1,6 +1,16 @@
-"""The paper's Last/Best table as data: one row per method, grouped by model and context; cells are
-means and standard deviations over seeds, ranked per column; the paper's own numbers beside them on
-request. Renderers (render.py and the CLI's terminal table) only write it out."""
+"""The paper's Last/Best table as data: one row per method, grouped by model, context and protocol;
+each cell a score with its 95% confidence interval (rpg_cli.stats, from evidence.py), ranked per column;
+the paper's own numbers beside them on request. Renderers (render.py and the CLI's terminal table)
+only write it out.
+
+Scale: scores are fractions in [0, 1] in the data (the store's, the paper CSV's, CSV/JSON output);
+every printed number (terminal, Markdown, LaTeX) is a percentage with one decimal (`fmt`), differences
+in points.
+
+Columns per benchmark: Last (each run's final evaluated step); Best (val-selected): each run's step
+with the highest score on the selection benchmark (`select_on`; then not a test column), reported
+on the test benchmark at that step; Best (test-selected): the maximum over evaluated steps on the
+test benchmark itself, the paper's Best, biased upward, shown with --compare-paper only."""
 
 from __future__ import annotations
 
@@ -14,6 +24,8 @@ from dataclasses import dataclass, field
 from importlib import resources
 from typing import TYPE_CHECKING
 
+from rpg_cli import stats
+from rpg_cli.report.evidence import Evidence, cell_interval
 from rpg_cli.report.names import (
     BENCHMARK_ORDER,
     CONTEXT_ORDER,
@@ -24,21 +36,33 @@ from rpg_cli.report.names import (
     model_name,
 )
 from rpg_cli.report.scores import ReportError, Scores, runs_text, scores, select_runs
+from rpg_cli.stats import NOTHING, Interval
 
 if TYPE_CHECKING:
     from rpg_cli.store import RunRecord, Store
 
-WHICH = ("last", "best")
+WHICH = ("last", "best_val", "best_test")
+WHICH_TITLES = {"last": "Last", "best_val": "Best (val-selected)", "best_test": "Best (test-selected)"}
+SCALE = 100.0  # printed numbers are percentages
+NO_ACCURACY = "nothing (not accuracies in [0, 1]: no interval)"
+DIGITS = 1
 
 
 @dataclass
 class Cell:
-    mean: float | None = None
-    std: float | None = None  # sample standard deviation over seeds; None with one seed
+    mean: float | None = None  # the estimate: mean over seeds (and problems) in [0, 1]
+    low: float | None = None  # its 95% confidence interval; None without one (one seed, benchmark means)
+    high: float | None = None
     n: int = 0  # seeds with a value
+    problems: int | None = None  # problems behind the estimate; None: benchmark means only
+    resampled: str = ""  # what the interval covers (rpg_cli.stats: seeds and problems, problems only, ...)
     rank: int | None = None  # 1: best of its column (bold), 2: second (underlined)
     paper: float | None = None
     diff: float | None = None  # mean - paper
+
+    @classmethod
+    def of(cls, interval: Interval) -> Cell:
+        return cls(interval.estimate, interval.low, interval.high, interval.n_seeds, interval.n_problems, interval.resampled)
 
 
 @dataclass
@@ -55,6 +79,7 @@ class Group:
     model: str
     context: str
     rows: list[Row]
+    protocol: str = ""  # the source and sampling protocol of its scores, when the table has several
 
 
 @dataclass
@@ -65,10 +90,13 @@ class Table:
     sources: list[str]
     compare_paper: bool = False
     sweep: str | None = None
+    which: tuple[str, ...] = ("last",)  # the kinds of column per benchmark (WHICH)
+    select_on: str | None = None
+    notes: list[str] = field(default_factory=list)  # what the intervals cover, for the footer
 
     @property
     def columns(self) -> list[tuple[str, str]]:
-        return [(b, w) for b in self.benchmarks for w in WHICH]
+        return [(b, w) for b in self.benchmarks for w in self.which]
 
 
 def build_table(
@@ -77,55 +105,149 @@ def build_table(
     metric: str = "mean@k",
     benchmarks: Sequence[str] | None = None,
     compare_paper: bool = False,
+    select_on: str | None = None,
+    scorer: str | None = None,
 ) -> Table:
-    """The Last/Best table of a sweep (or of every run): one row per method, grouped by model and context."""
+    """The Last/Best table of a sweep (or of every run): one row per method, grouped by model, context
+    and protocol (scores drawn under different sampling settings never share a section). Columns per
+    test benchmark: Last, Best (val-selected) when `select_on` names the selection benchmark, Best
+    (test-selected) with `compare_paper`."""
     runs = select_runs(store, sweep)
-    result = scores(store, [r.id for r in runs], metric)
-    scored = [r for r in runs if r.id in result.values]
-    logged = sorted({b for v in result.values.values() for b in v}, key=lambda b: (BENCHMARK_ORDER.get(b, 99), b))
-    if benchmarks:
-        unknown = [b for b in benchmarks if b not in logged]
-        if unknown:
-            raise ReportError(
-                f"no {result.metric} scores for benchmark {', '.join(unknown)}; scored: {', '.join(logged)}"
-            )
-        logged = list(benchmarks)
-    labels = method_labels({r.id: r.spec for r in scored})
-    by_row: dict[tuple[str, str, str], list[RunRecord]] = defaultdict(list)
-    for r in scored:
-        by_row[(model_name(r.spec), context_name(r.spec), labels[r.id])].append(r)
-    paper = paper_results() if compare_paper else {}
-    groups: dict[tuple[str, str], Group] = {}
-    for (model, context, label), members in sorted(
-        by_row.items(), key=lambda kv: (kv[0][0], CONTEXT_ORDER.get(kv[0][1], 9), kv[0][1], method_sort_key(kv[0][2]))
-    ):
-        base = method_base(members[0].spec)
-        row = Row(label, base, [r.name for r in members])
-        for bench in logged:
-            for which in WHICH:
-                got = [getattr(result.values[r.id].get(bench), which, None) for r in members]
-                row.cells[(bench, which)] = _cell([v for v in got if v is not None])
-        if compare_paper and all(r.spec.get("optimizer") == "adamw" for r in members):
-            # the paper's tables are AdamW runs; other optimizers have nothing published to compare with
-            for (bench, which), cell in row.cells.items():
-                # a local copy of the paper's model (/models/Qwen3-4B) matches by its directory name
-                published = paper.get((model, context, base, bench)) or paper.get(
-                    (model.split("/")[-1], context, base, bench)
-                )
-                if published is not None:
-                    row.paper_method = base
-                    cell.paper = published[WHICH.index(which)]
-                    cell.diff = None if cell.mean is None else cell.mean - cell.paper
-        groups.setdefault((model, context), Group(model, context, [])).rows.append(row)
-    sources = result.sources + (
-        [f"not scored yet: {runs_text(len(runs) - len(scored))}"] if len(scored) < len(runs) else []
+    ids = [r.id for r in runs]
+    first = scores(store, ids, metric, scorer)
+    sections = [first]
+    if first.other_protocols:
+        eval_scorer = next(o.scorer for o in first.origins.values() if o.evaluated)
+        sections += [scores(store, sorted(r), metric, eval_scorer, p) for p, r in first.other_protocols]
+    logged = sorted(
+        {b for result in sections for v in result.values.values() for b in v},
+        key=lambda b: (BENCHMARK_ORDER.get(b, 99), b),
     )
-    sources += _starting_policy(result, scored, logged)
-    table = Table(result.metric, logged, list(groups.values()), sources, compare_paper, sweep)
+    if select_on is not None and select_on not in logged:
+        raise ReportError(f"--select-on {select_on}: no {first.metric} scores on it; scored: {', '.join(logged)}")
+    tests = [b for b in logged if b != select_on]
+    if benchmarks:
+        unknown = [b for b in benchmarks if b not in tests]
+        if unknown:
+            why = "it is the selection benchmark" if select_on in unknown else f"scored: {', '.join(tests)}"
+            raise ReportError(f"no {first.metric} scores for benchmark {', '.join(unknown)}; {why}")
+        tests = list(benchmarks)
+    if not tests:
+        raise ReportError(f"no test benchmark left: {select_on} is the only one scored and it selects the step")
+    which = ("last", *(("best_val",) if select_on else ()), *(("best_test",) if compare_paper else ()))
+    paper = paper_results() if compare_paper else {}
+    groups: list[Group] = []
+    scored_ids: set[str] = set()
+    sources: list[str] = []
+    for result in sections:
+        evidence = Evidence(store, result)
+        scored = [r for r in runs if r.id in result.values]
+        scored_ids |= {r.id for r in scored}
+        labels = method_labels({r.id: r.spec for r in scored})
+        by_row: dict[tuple[str, str, str], list[RunRecord]] = defaultdict(list)
+        for r in scored:
+            by_row[(model_name(r.spec), context_name(r.spec), labels[r.id])].append(r)
+        section = "; ".join(result.sources) if len(sections) > 1 else ""
+        in_section: dict[tuple[str, str], Group] = {}
+        for (model, context, label), members in sorted(
+            by_row.items(), key=lambda kv: (kv[0][0], CONTEXT_ORDER.get(kv[0][1], 9), kv[0][1], method_sort_key(kv[0][2]))
+        ):
+            row = Row(label, method_base(members[0].spec), [r.name for r in members])
+            for bench in tests:
+                for kind in which:
+                    row.cells[(bench, kind)] = _cell(evidence, result, members, bench, kind, select_on)
+            if compare_paper and all(r.spec.get("optimizer") == "adamw" for r in members):
+                _paper_cells(row, paper, model, context)
+            in_section.setdefault((model, context), Group(model, context, [], section)).rows.append(row)
+        groups += in_section.values()
+        sources += result.sources + _starting_policy(result, scored, tests)
+    if len(scored_ids) < len(runs):
+        sources.append(f"not scored yet: {runs_text(len(runs) - len(scored_ids))}")
+    table = Table(first.metric, tests, groups, sources, compare_paper, sweep, which, select_on)
     for group in table.groups:
         _rank(group, table.columns)
+    table.notes = _notes(table)
     return table
 
+
+def _paper_cells(row: Row, paper: dict, model: str, context: str) -> None:
+    """The paper's Last and Best (test-selected) beside ours: its tables are AdamW runs (the caller
+    checks); a local copy of the paper's model (/models/Qwen3-4B) matches by its directory name."""
+    for (bench, kind), cell in row.cells.items():
+        if kind not in ("last", "best_test"):
+            continue
+        published = paper.get((model, context, row.base, bench)) or paper.get((model.split("/")[-1], context, row.base, bench))
+        if published is not None:
+            row.paper_method = row.base
+            cell.paper = published[0 if kind == "last" else 1]
+            cell.diff = None if cell.mean is None else cell.mean - cell.paper
+
+
+def _cell(
+    evidence: Evidence, result: Scores, members: list[RunRecord], bench: str, kind: str, select_on: str | None
+) -> Cell:
+    """One method's cell: the runs' scores at their Last / val-selected / test-selected step, with the
+    interval (evidence.cell_interval)."""
+    have = [r.id for r in members if bench in result.values[r.id]]
+    if not have:
+        return Cell()
+    if kind == "best_test":  # the maximum over steps: no single step, so no per-problem scores
+        return _means_cell([result.values[r][bench].best for r in have])
+    if kind == "last":
+        picks = [(r, result.values[r][bench].last_step) for r in have]
+        values = [result.values[r][bench].last for r in have]
+    else:
+        picks, values = [], []
+        for r in have:
+            selection, test = evidence.steps(r, select_on), evidence.steps(r, bench)
+            candidates = [step for step in test if step in selection]
+            if candidates:  # the highest selection score; the earliest step on a tie
+                step = max(candidates, key=lambda s: (selection[s], -s))
+                picks.append((r, step))
+                values.append(test[step])
+        if not picks:
+            return Cell()
+    try:
+        return Cell.of(cell_interval(evidence, picks, values, bench))
+    except stats.StatsError:  # not an accuracy (a reward in [-1, 1] logged as validation): no interval
+        return Cell(statistics.fmean(values), n=len(values), resampled=NO_ACCURACY)
+
+
+def _means_cell(values: list[float]) -> Cell:
+    try:
+        return Cell.of(stats.score_from_means(values))
+    except stats.StatsError:
+        return Cell(statistics.fmean(values), n=len(values), resampled=NO_ACCURACY)
+
+
+def _notes(table: Table) -> list[str]:
+    """The footer: what the numbers are and what their intervals cover (seeds, problems)."""
+    notes = [f"cells: score ±half-width of its {stats.CONFIDENCE:.0%} confidence interval, in percent"]
+    covers: dict[str, tuple[set[int], set[int]]] = {}
+    for group in table.groups:
+        for row in group.rows:
+            for cell in row.cells.values():
+                if cell.mean is not None:
+                    seeds, problems = covers.setdefault(cell.resampled, (set(), set()))
+                    seeds.add(cell.n)
+                    if cell.problems is not None:
+                        problems.add(cell.problems)
+    for resampled, (seeds, problems) in covers.items():
+        counts = _span(seeds, "seed") + (f" x {_span(problems, 'problem')}" if problems else "")
+        what = "no interval" if resampled in (NOTHING, NO_ACCURACY) else f"interval over {resampled}"
+        notes.append(f"{what}: {counts}")
+    if "best_val" in table.which:
+        notes.append(f"Best (val-selected): each run's step with the highest {table.select_on} score, scored at that step")
+    else:
+        notes.append("Best (val-selected): pass --select-on BENCHMARK, a held-out benchmark to choose each run's step on")
+    if "best_test" in table.which:
+        notes.append("Best (test-selected): the maximum over the test benchmark's own evaluations (the paper's Best): biased upward")
+    return notes
+
+
+def _span(values: set[int], unit: str) -> str:
+    low, high = min(values), max(values)
+    return f"{low} {unit}" + ("s" if high > 1 else "") if low == high else f"{low}-{high} {unit}s"
 
 def _starting_policy(result: Scores, runs: list[RunRecord], benchmarks: list[str]) -> list[str]:
     """Runs validated before training (step 0) show where every method started: the starting policy's
@@ -145,22 +267,15 @@ def _starting_policy(result: Scores, runs: list[RunRecord], benchmarks: list[str
     ]
 
 
-def _cell(values: list[float]) -> Cell:
-    if not values:
-        return Cell()
-    std = statistics.stdev(values) if len(values) > 1 else None
-    return Cell(statistics.fmean(values), std, len(values))
-
-
 def _rank(group: Group, columns: list[tuple[str, str]]) -> None:
     """Bold the best mean of each column, underline the second; equal values (as printed) share a rank."""
     for column in columns:
         cells = [row.cells[column] for row in group.rows if row.cells[column].mean is not None]
         if len(cells) < 2:
             continue
-        distinct = sorted({round(c.mean, 4) for c in cells}, reverse=True)
+        distinct = sorted({round(c.mean * SCALE, DIGITS) for c in cells}, reverse=True)
         for cell in cells:
-            position = distinct.index(round(cell.mean, 4))
+            position = distinct.index(round(cell.mean * SCALE, DIGITS))
             cell.rank = position + 1 if position < 2 else None
 
 
@@ -178,13 +293,26 @@ def paper_results() -> dict[tuple[str, str, str, str], tuple[float, float]]:
 
 
 def fmt(x: float | None, signed: bool = False) -> str:
+    """A score in [0, 1] as printed: a percentage with one decimal ('40.3'; signed: '+2.1' points)."""
     if x is None or (isinstance(x, float) and math.isnan(x)):
         return "-"
-    return f"{x:+.4f}" if signed else f"{x:.4f}"
+    return f"{x * SCALE:{'+' if signed else ''}.{DIGITS}f}"
 
 
-def cell_text(cell: Cell) -> str:
-    """'0.4031' or '0.4031 ± 0.0123' (the ± part when several seeds have a value)."""
+def half_width(cell: Cell) -> float | None:
+    return None if cell.low is None or cell.high is None else (cell.high - cell.low) / 2
+
+
+def cell_bounds(cell: Cell) -> str:
+    """'40.3 [36.9, 43.7]': the score and both bounds of its 95% interval (Markdown, LaTeX)."""
+    if cell.mean is None or cell.low is None or cell.high is None:
+        return fmt(cell.mean)
+    return f"{fmt(cell.mean)} [{fmt(cell.low)}, {fmt(cell.high)}]"
+
+
+def cell_text(cell: Cell, pm: str = "±") -> str:
+    """'40.3 ±3.4' (± half the 95% interval's width; the bounds are in CSV/JSON), or '40.3' without one."""
     if cell.mean is None:
         return "-"
-    return fmt(cell.mean) + (f" ± {fmt(cell.std)}" if cell.std is not None else "")
+    hw = half_width(cell)
+    return fmt(cell.mean) + ("" if hw is None else f" {pm}{fmt(hw)}")

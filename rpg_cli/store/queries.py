@@ -121,6 +121,27 @@ class Queries:
         ]
         return self._last_and_best(self.t.evals, e.benchmark, filters)
 
+    def eval_series(
+        self, run_ids: Sequence[str], metrics: Sequence[str], k: int, scorer: str, protocol: Protocol | None = None
+    ) -> dict[tuple[str, str], dict[int, float]]:
+        """{(run, benchmark): {step: value}} of the `evals` rows with one of these metric names, k and
+        scorer, under one protocol: every evaluated step (the report's val-selected Best and
+        `rpg compare --step` read them)."""
+        e = self.t.evals.c
+        query = sa.select(e.run_id, e.benchmark, e.step, e.value).where(
+            e.run_id.in_(list(run_ids)),
+            e.metric.in_(list(metrics)),
+            e.k == k,
+            e.scorer == scorer,
+            e.value.is_not(None),
+            *_same(self.t.evals, protocol),
+        )
+        out: dict[tuple[str, str], dict[int, float]] = {}
+        with self.engine.connect() as conn:
+            for run_id, bench, step, value in conn.execute(query):
+                out.setdefault((run_id, bench), {})[step] = value
+        return out
+
     def last_and_best_metrics(self, run_ids: Sequence[str], keys: Sequence[str]) -> list[LastAndBest]:
         """Per (run, key): Last/Best/first of these training metrics (NaN left out)."""
         m = self.t.metrics.c

@@ -53,17 +53,28 @@ class Exported:
 def eval_metrics(rows: Iterable[Mapping[str, Any]]) -> dict[int, dict[str, float]]:
     """Eval rows of the store as tracker metrics: {checkpoint step: {`eval/<benchmark>/<scorer>/<metric@k>`: value}}.
 
-    The one place eval rows become tracker values: interval bounds (e.g. `<key>/ci_low`, `<key>/ci_high`)
-    belong here once the store holds them.
+    The one place eval rows become tracker values. Scores of one run under several sampling protocols
+    (schema.PROTOCOL) never share a key: the protocol with the most rows keeps the plain keys, the others
+    get theirs as a last part (`.../mean@8/n8_T0.6_top_p0.95_max1024_seed0`).
     """
+    rows = [row for row in rows if row["scorer"] not in SKIPPED_SCORERS]
+    counts: dict[str, int] = {}
+    for row in rows:
+        counts[protocol_tag(row)] = counts.get(protocol_tag(row), 0) + 1
+    plain = min(counts, key=lambda tag: (-counts[tag], tag)) if counts else None
     out: dict[int, dict[str, float]] = {}
     for row in rows:
-        if row["scorer"] in SKIPPED_SCORERS:
-            continue
         metric = str(row["metric"]).replace("@k", f"@{row['k']}")
-        value = math.nan if row["value"] is None else float(row["value"])
-        out.setdefault(int(row["step"]), {})[f"eval/{row['benchmark']}/{row['scorer']}/{metric}"] = value
+        key = f"eval/{row['benchmark']}/{row['scorer']}/{metric}"
+        if (tag := protocol_tag(row)) != plain:
+            key += f"/{tag}"
+        out.setdefault(int(row["step"]), {})[key] = math.nan if row["value"] is None else float(row["value"])
     return out
+
+
+def protocol_tag(row: Mapping[str, Any]) -> str:
+    """How an eval's samples were drawn, as one key part: n8_T0.6_top_p0.95_max1024_seed0."""
+    return f"n{row['n']}_T{row['temperature']:g}_top_p{row['top_p']:g}_max{row['max_tokens']}_seed{row['seed']}"
 
 
 def eval_summary(rows: Iterable[Mapping[str, Any]]) -> dict[str, float]:

@@ -1,0 +1,231 @@
+"""`rpg compare A B`: two groups of runs (a method as the report names it, run ids or names, or a spec
+filter), scored the same way at one step, compared per benchmark and overall by rpg_cli.stats.compare:
+B - A paired by problem (and by seed where both have the same seeds) with its 95% interval, P(B > A)
+with its interval, the seeds needed for 80% power, the verdict. Also every spec field that differs
+between the groups besides the compared ones: a silent difference in lr or context makes it unfair."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from rpg_cli import stats
+from rpg_cli.report.evidence import Evidence, aligned
+from rpg_cli.report.names import BENCHMARK_ORDER, method_labels
+from rpg_cli.report.scores import ReportError, protocol_text, scores, select_runs
+from rpg_cli.report.summary import parse_where, spec_matches
+
+if TYPE_CHECKING:
+    from rpg_cli.store import RunRecord, Store
+
+# Fields a method name stands for: comparing two methods compares these (the seed never is a difference)
+METHOD_FIELDS = ("algorithm", "kl", "kl_correction")
+_MEANS = ("benchmark mean",)  # the one "problem" of a benchmark known only by its mean
+
+
+@dataclass
+class Side:
+    name: str  # as printed: the method, the filter, or the run names
+    runs: list[RunRecord]
+    compared: tuple[str, ...]  # spec fields this side is defined by
+
+
+@dataclass
+class Result:
+    a: Side
+    b: Side
+    source: str  # where the scores come from (scorer, metric, protocol)
+    step: str  # "last (300)" or "200"
+    comparisons: list[stats.Comparison]
+    differences: list[tuple[str, list[str], list[str]]]  # (spec field, A's values, B's values)
+    notes: list[str] = field(default_factory=list)
+
+    def lines(self) -> list[str]:
+        """The compare lines, one per benchmark and overall (the CLI adds the header and fields)."""
+        return [c.text(self.a.name, self.b.name) for c in self.comparisons]
+
+    def header(self) -> list[str]:
+        return [f"A: {_side_text(self.a)}", f"B: {_side_text(self.b)}", f"scores: {self.source}; step: {self.step}"]
+
+    def difference_text(self) -> list[str]:
+        return [f"{path} (A: {', '.join(a)}; B: {', '.join(b)})" for path, a, b in self.differences]
+
+    def to_json(self) -> str:
+        doc = {
+            "a": {"name": self.a.name, "runs": [r.name for r in self.a.runs]},
+            "b": {"name": self.b.name, "runs": [r.name for r in self.b.runs]},
+            "source": self.source,
+            "step": self.step,
+            "comparisons": [c.as_dict() for c in self.comparisons],
+            "spec_differences": [{"field": p, "a": a, "b": b} for p, a, b in self.differences],
+            "notes": self.notes,
+        }
+        return json.dumps(doc, indent=2) + "\n"
+
+
+def _side_text(side: Side) -> str:
+    seeds = sorted({str(r.spec.get("seed")) for r in side.runs})
+    runs = f"{len(side.runs)} run" + ("s" if len(side.runs) != 1 else "")
+    return f"{side.name}, {runs} (seed{'s' if len(seeds) != 1 else ''} {', '.join(seeds)})"
+
+
+def resolve_side(store: Store, ref: str, scope: list[RunRecord], letter: str) -> Side:
+    """A side from what the user typed: a method name as the report prints it (case-insensitive), a
+    spec filter FIELD=VALUE[&FIELD=VALUE...] (VALUE may be a comma list), or run ids/names/prefixes
+    separated by commas. ReportError listing the methods in scope when nothing matches."""
+    labels = method_labels({r.id: r.spec for r in scope})
+    by_label = [r for r in scope if labels[r.id].lower() == ref.strip().lower()]
+    if by_label:
+        return Side(labels[by_label[0].id], by_label, METHOD_FIELDS)
+    if "=" in ref:
+        clauses = [c for c in ref.split("&") if c.strip()]
+        filters = parse_where(clauses)
+        matched = [r for r in scope if spec_matches(r.spec, filters)]
+        if not matched:
+            raise ReportError(f"{letter} ({ref}): no run in scope matches this filter; check the values with `rpg runs --where`")
+        return Side(ref, matched, tuple(path for path, _, _ in filters))
+    in_scope = {r.id for r in scope}
+    found: list[RunRecord] = []
+    for part in (p.strip() for p in ref.split(",") if p.strip()):
+        runs = [r for r in store.resolve(part) if r.id in in_scope]
+        if not runs:
+            found = []
+            break
+        found += [r for r in runs if r not in found]
+    if found:
+        return Side(ref if len(found) > 1 else found[0].name, found, ())
+    methods = sorted(set(labels.values()))
+    raise ReportError(
+        f"{letter}: no method, run or filter {ref!r}; methods: {', '.join(methods) or 'none'} (or run ids, or FIELD=VALUE)"
+    )
+
+
+def _flat(spec: Any, prefix: str = "") -> dict[str, str]:
+    if isinstance(spec, dict) and spec:
+        out: dict[str, str] = {}
+        for key, value in spec.items():
+            out.update(_flat(value, f"{prefix}{key}."))
+        return out
+    return {prefix[:-1]: spec if isinstance(spec, str) else json.dumps(spec, sort_keys=True)}
+
+
+def spec_differences(a: Side, b: Side) -> list[tuple[str, list[str], list[str]]]:
+    """Every spec field (dotted paths into nested ones) whose values differ between the sides, other
+    than the seed and the fields the sides are defined by."""
+    compared = {"seed", *a.compared, *b.compared}
+    flat_a, flat_b = [_flat(r.spec) for r in a.runs], [_flat(r.spec) for r in b.runs]
+    paths = sorted({p for f in flat_a + flat_b for p in f})
+    out = []
+    for path in paths:
+        if any(path == c or path.startswith(c + ".") for c in compared):
+            continue
+        va = sorted({f.get(path, "null") for f in flat_a})
+        vb = sorted({f.get(path, "null") for f in flat_b})
+        if va != vb:
+            out.append((path, va, vb))
+    return out
+
+
+def _seeds(runs: list[RunRecord], offset: int) -> tuple[int, ...]:
+    """Seed labels: the specs' seeds when distinct integers (then A and B pair by seed), else positions
+    (offset apart, so that they never pair)."""
+    seeds = [r.spec.get("seed") for r in runs]
+    if all(isinstance(s, int) and not isinstance(s, bool) for s in seeds) and len(set(seeds)) == len(seeds):
+        return tuple(seeds)
+    return tuple(range(offset, offset + len(runs)))
+
+
+def compare_groups(
+    store: Store,
+    a_ref: str,
+    b_ref: str,
+    sweep: str | None = None,
+    where: Sequence[str] = (),
+    metric: str = "mean@k",
+    scorer: str | None = None,
+    step: int | None = None,
+    benchmarks: Sequence[str] | None = None,
+    n_resamples: int = stats.N_RESAMPLES,
+) -> Result:
+    """Compare B with A (module docstring). ReportError, one line, for an unknown or empty side, runs
+    without scores, scores under different protocols or scorers, no common benchmark or problem."""
+    filters = parse_where(where)
+    scope = [r for r in select_runs(store, sweep) if spec_matches(r.spec, filters)]
+    if not scope:
+        raise ReportError(f"no run matches --where {' '.join(where)}")
+    a, b = resolve_side(store, a_ref, scope, "A"), resolve_side(store, b_ref, scope, "B")
+    runs = a.runs + [r for r in b.runs if r not in a.runs]
+    result = scores(store, [r.id for r in runs], metric, scorer)
+    _check_scored(result, a, b, metric)
+    origins = {result.origins[r.id] for r in runs}
+    if len(origins) > 1:
+        oa, ob = result.origins[a.runs[0].id], next(result.origins[r.id] for r in runs if result.origins[r.id] != result.origins[a.runs[0].id])
+        raise ReportError(f"scores drawn differently never compare: {oa.text()} vs {ob.text()}; evaluate every run the same way (rpg eval ... --k/--temperature/--top-p/--max-tokens)")
+    (origin,) = origins
+    evidence = Evidence(store, result)
+    per_run = {r.id: result.values[r.id] for r in runs}
+    common = set.intersection(*(set(v) for v in per_run.values()))
+    if benchmarks:
+        missing = [bench for bench in benchmarks if bench not in common]
+        if missing:
+            raise ReportError(f"benchmark {', '.join(missing)} is not scored for every run of A and B; common: {', '.join(sorted(common)) or 'none'}")
+        common = set(benchmarks)
+    if not common:
+        have_a = sorted({x for r in a.runs for x in per_run[r.id]})
+        have_b = sorted({x for r in b.runs for x in per_run[r.id]})
+        raise ReportError(f"no benchmark scored for every run of A and B (A: {', '.join(have_a)}; B: {', '.join(have_b)})")
+    benches = sorted(common, key=lambda x: (BENCHMARK_ORDER.get(x, 99), x))
+
+    blocks_a, blocks_b, ids, notes = {}, {}, {}, []
+    steps_used: set[int] = set()
+    for bench in benches:
+        picks, values = [], []
+        for r in a.runs + b.runs:  # A's rows, then B's (a run in both sides is in both)
+            score = per_run[r.id][bench]
+            if step is None:
+                picks.append((r.id, score.last_step))
+                values.append(score.last)
+                continue
+            logged = evidence.steps(r.id, bench)
+            if step not in logged:
+                raise ReportError(f"run {r.name} has no {bench} score at step {step}; its steps: {', '.join(map(str, sorted(logged))) or 'none'}")
+            picks.append((r.id, step))
+            values.append(logged[step])
+        steps_used |= {s for _, s in picks}
+        matrix = aligned([evidence.problems(run_id, s, bench) for run_id, s in picks])
+        if matrix is None:
+            if origin.evaluated:
+                raise ReportError(f"{bench}: A and B share no scored problem at this step; evaluate them on the same benchmark file")
+            notes.append(f"{bench}: benchmark means only (no rpg eval samples): intervals over seeds, problem sampling not included")
+            matrix = (np.array([[v] for v in values], dtype=float), _MEANS)
+        scores_, ids[bench] = matrix
+        blocks_a[bench], blocks_b[bench] = scores_[: len(a.runs)], scores_[len(a.runs) :]
+    if any(r in a.runs for r in b.runs):
+        notes.append("A and B share runs")
+    runs_a = stats.Runs(blocks_a, seeds=_seeds(a.runs, 0), problems=ids)
+    runs_b = stats.Runs(blocks_b, seeds=_seeds(b.runs, 1_000_000), problems=ids)
+    targets = [*benches, stats.OVERALL] if len(benches) > 1 else benches
+    comparisons = [stats.compare(runs_a, runs_b, t, n_resamples=n_resamples) for t in targets]
+    step_text = (f"last ({', '.join(map(str, sorted(steps_used)))})" if step is None else str(step))
+    source = origin.text()
+    return Result(a, b, source, step_text, comparisons, spec_differences(a, b), notes)
+
+
+def _check_scored(result: Any, a: Side, b: Side, metric: str) -> None:
+    for side, letter in ((a, "A"), (b, "B")):
+        missing = [r for r in side.runs if r.id not in result.values]
+        if not missing:
+            continue
+        names = ", ".join(r.name for r in missing[:3]) + (" ..." if len(missing) > 3 else "")
+        other = [p for p, ids in result.other_protocols if any(r.id in ids for r in missing)]
+        if other:
+            shown = next(iter(result.origins.values()))
+            raise ReportError(
+                f"{letter}: {names} scored under {protocol_text(other[0])}, other runs under {shown.text()}: "
+                "scores drawn differently never compare; evaluate them the same way"
+            )
+        raise ReportError(f"{letter}: no {metric} scores for {names}; run `rpg eval` on them (or train with validation on)")

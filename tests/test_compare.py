@@ -1,0 +1,257 @@
+"""Intervals in `rpg report --table`, `rpg compare`, Best (val-selected) and the protocol guard, through
+the real CLI on a real SQLite store built with the store API: runs with several seeds, per-problem
+samples of `rpg eval` under a recorded protocol, and logged validation."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+from typer.testing import CliRunner
+
+from rpg_cli import report, stats
+from rpg_cli.cli import app
+from rpg_cli.orchestration.plan import RunPlan
+from rpg_cli.store import open_store
+
+PROTOCOL = {"n": 8, "temperature": 1.0, "top_p": 1.0, "max_tokens": 28, "seed": 0}
+N_PROBLEMS = 20
+
+
+def spec(algorithm: str, seed: int, **extra) -> dict:
+    return {"algorithm": algorithm, "kl": "none", "seed": seed, "optimizer": "adamw", "context": "2k",
+            "model": "data/toy/model", "lr": 5e-4, "beta": 1e-3, **extra}  # fmt: skip
+
+
+class Builder:
+    """Runs, and `rpg eval` results of them: per problem, `correct` of n samples right."""
+
+    def __init__(self, store, root):
+        self.store, self.root, self.count = store, root, 0
+
+    def run(self, spec_: dict, sweep: str = "sw") -> str:
+        self.count += 1
+        run_id = f"r{self.count:04d}"
+        name = f"{spec_['algorithm']}-s{spec_['seed']}-{run_id}"
+        self.store.record_plan(RunPlan(id=run_id, name=name, sweep=sweep, backend="local", spec=spec_,
+                                       run_dir=self.root / name, entrypoint=["true"]))  # fmt: skip
+        return run_id
+
+    def evaluate(self, run_id: str, step: int, bench: str, correct: list[int], scorer: str = "dapo", **protocol) -> None:
+        proto = {**PROTOCOL, **protocol}
+        n = proto["n"]
+        self.store.record_samples(
+            {"run_id": run_id, "step": step, "benchmark": bench, "problem": f"{bench}-p{p:03d}", "sample_index": j,
+             "scorer": scorer, **proto, "position": p, "extracted": "1", "correct": j < c, "response_length": 5}
+            for p, c in enumerate(correct) for j in range(n)
+        )  # fmt: skip
+        self.store.record_evals([{"run_id": run_id, "step": step, "benchmark": bench, "metric": "mean@k", "k": n,
+                                  "value": float(np.mean(correct)) / n, "scorer": scorer, "scorer_version": "1",
+                                  **proto}])  # fmt: skip
+
+
+@pytest.fixture
+def db(tmp_path):
+    return f"sqlite:///{tmp_path / 'results.db'}"
+
+
+@pytest.fixture
+def build(db, tmp_path):
+    store = open_store(db)
+    yield Builder(store, tmp_path / "runs")
+    store.close()
+
+
+def invoke(*args: str):
+    return CliRunner().invoke(app, list(args))
+
+
+def correct_counts(rng, rates, n: int = 8) -> list[int]:
+    return [int(c) for c in rng.binomial(n, np.clip(rates, 0, 1))]
+
+
+def two_methods(build, shift_b: float, seeds=(0, 1, 2), steps=(300,), bench: str = "toy_add", **spec_b) -> dict:
+    """GRPO and DAPO x seeds on the same problems; DAPO's per-problem rates shifted by shift_b."""
+    rng = np.random.default_rng(7)
+    rates = rng.uniform(0.1, 0.7, size=N_PROBLEMS)
+    ids = {}
+    for alg, shift in (("grpo", 0.0), ("dapo", shift_b)):
+        for seed in seeds:
+            run_id = build.run(spec(alg, seed, **(spec_b if alg == "dapo" else {})))
+            ids[(alg, seed)] = run_id
+            for step in steps:
+                build.evaluate(run_id, step, bench, correct_counts(rng, rates + shift + rng.normal(0, 0.02)))
+    return ids
+
+
+# ----------------------------------------------------------------------------------- the table
+
+
+def test_table_cells_are_the_hierarchical_bootstrap_of_the_stored_samples(build, db):
+    ids = two_methods(build, 0.2)
+    table = report.build_table(build.store)
+    assert table.which == ("last",) and table.benchmarks == ["toy_add"]
+    cell = next(r for g in table.groups for r in g.rows if r.method == "DAPO").cells[("toy_add", "last")]
+    # the same numbers rpg_cli.stats gives on the per-problem accuracies read back from the samples
+    rows = build.store.problem_scores([ids[("dapo", s)] for s in (0, 1, 2)])
+    matrix = np.array([[p.accuracy for p in rows if p.run_id == ids[("dapo", s)]] for s in (0, 1, 2)])
+    expected = stats.score(stats.Runs({"toy_add": matrix}), "toy_add")
+    assert (cell.mean, cell.low, cell.high) == pytest.approx((expected.estimate, expected.low, expected.high))
+    assert (cell.n, cell.problems, cell.resampled) == (3, N_PROBLEMS, stats.SEEDS_AND_PROBLEMS)
+
+    res = invoke("report", "--table", "--db", db)
+    assert res.exit_code == 0, res.output
+    dapo_line = next(line for line in res.output.splitlines() if "DAPO" in line)
+    assert f"{cell.mean * 100:.1f} ±{(cell.high - cell.low) * 50:.1f}" in dapo_line
+    assert f"interval over seeds and problems: 3 seeds x {N_PROBLEMS} problems" in res.output
+    assert "n=8 T=1 top_p=1 max_tokens=28 seed=0" in res.output  # the protocol: samples per problem, sampling
+
+    records = json.loads(invoke("report", "--table", "--format", "json", "--db", db).output)
+    got = records["groups"][0]["rows"][1]["cells"]["toy_add"]["last"]
+    assert (got["low"], got["high"]) == pytest.approx((cell.low, cell.high))
+    md = invoke("report", "--table", "--format", "markdown", "--db", db).output
+    assert f"{cell.mean * 100:.1f} [{cell.low * 100:.1f}, {cell.high * 100:.1f}]" in md
+
+
+def test_one_seed_covers_problems_only_and_says_so(build, db):
+    two_methods(build, 0.0, seeds=(0,))
+    res = invoke("report", "--table", "--db", db)
+    assert res.exit_code == 0, res.output
+    assert f"interval over {stats.PROBLEMS_ONLY}: 1 seed x {N_PROBLEMS} problems" in res.output
+
+
+def test_validation_means_give_seeds_only_intervals(build, db, tmp_path):
+    for seed, value in enumerate((0.40, 0.50, 0.45)):
+        run_id = build.run(spec("grpo", seed))
+        path = tmp_path / f"{run_id}.jsonl"
+        path.write_text(json.dumps({"step": 50, "data": {"val-core/toy_add/acc/mean@8": value}}) + "\n")
+        build.store.ingest_metrics(run_id, path)
+    table = report.build_table(build.store)
+    cell = table.groups[0].rows[0].cells[("toy_add", "last")]
+    expected = stats.score_from_means([0.40, 0.50, 0.45])
+    assert (cell.mean, cell.low, cell.high) == pytest.approx((0.45, expected.low, expected.high))
+    assert cell.resampled == stats.MEANS_ONLY and cell.problems is None
+
+
+def test_best_val_selected_picks_the_selection_benchmarks_step_not_the_test_max(build, db):
+    run_id = build.run(spec("grpo", 0))
+    # the test benchmark peaks at step 100; the selection benchmark at step 200
+    for step, test_correct, select_correct in ((100, 6, 2), (200, 3, 7), (300, 4, 4)):
+        build.evaluate(run_id, step, "aime24", [test_correct] * 10)
+        build.evaluate(run_id, step, "heldout", [select_correct] * 10)
+    table = report.build_table(build.store, select_on="heldout", compare_paper=True)
+    assert table.benchmarks == ["aime24"]  # the selection benchmark is not a test column
+    cells = table.groups[0].rows[0].cells
+    assert cells[("aime24", "best_val")].mean == pytest.approx(3 / 8)  # step 200's test score
+    assert cells[("aime24", "best_test")].mean == pytest.approx(6 / 8)  # the test max (step 100)
+    assert cells[("aime24", "last")].mean == pytest.approx(4 / 8)
+    res = invoke("report", "--table", "--select-on", "heldout", "--compare-paper", "--db", db)
+    assert res.exit_code == 0, res.output
+    assert "Best (val-selected)" in res.output and "Best (test-selected)" in res.output
+    res = invoke("report", "--table", "--select-on", "nope", "--db", db)
+    assert res.exit_code == 2 and "--select-on nope: no mean@8 scores on it; scored: aime24, heldout" in res.output
+
+
+def test_protocol_guard_splits_the_table_by_protocol(build, db):
+    rng = np.random.default_rng(0)
+    a = build.run(spec("grpo", 0))
+    b = build.run(spec("dapo", 0))
+    build.evaluate(a, 300, "toy_add", correct_counts(rng, np.full(10, 0.5)))
+    build.evaluate(b, 300, "toy_add", correct_counts(rng, np.full(5, 0.5)), temperature=0.6)
+    table = report.build_table(build.store)
+    sections = {g.rows[0].method: g.protocol for g in table.groups}
+    assert len(table.groups) == 2 and all(len(g.rows) == 1 for g in table.groups)  # never one cell, never one section
+    assert "n=8 T=1 " in sections["GRPO"] and "n=8 T=0.6 " in sections["DAPO"]
+    res = invoke("report", "--table", "--db", db)
+    assert res.exit_code == 0 and "toy_add Last" in res.output
+    assert res.output.count("n=8 T=0.6 top_p=1 max_tokens=28 seed=0") >= 2  # its section's title and source
+
+
+# ------------------------------------------------------------------------------------- compare
+
+
+def test_compare_identical_groups_no_detectable_difference(build, db):
+    two_methods(build, 0.0, seeds=(0, 1, 2))
+    res = invoke("compare", "GRPO", "GRPO", "--db", db)
+    assert res.exit_code == 0, res.output
+    assert "toy_add: GRPO - GRPO = +0.0" in res.output and "no detectable difference" in res.output
+
+
+def test_compare_clear_difference_b_better_and_json(build, db):
+    two_methods(build, 0.3, seeds=(0, 1, 2, 3, 4))
+    res = invoke("compare", "GRPO", "DAPO", "--db", db)
+    assert res.exit_code == 0, res.output
+    line = next(x for x in res.output.splitlines() if x.startswith("toy_add:"))
+    assert line.startswith("toy_add: DAPO - GRPO = +") and line.endswith("DAPO better"), line
+    assert "P(DAPO > GRPO) = " in line and "seeds for 80% power:" in line
+    assert "A: GRPO, 5 runs (seeds 0, 1, 2, 3, 4)" in res.output
+    doc = json.loads(invoke("compare", "algorithm=grpo", "algorithm=dapo", "--format", "json", "--db", db).output)
+    (c,) = doc["comparisons"]
+    assert c["verdict"] == stats.B_BETTER and c["seeds_paired"] and c["difference"]["low"] > 0
+    reverse = invoke("compare", "DAPO", "GRPO", "--db", db).output
+    assert "GRPO - DAPO = -" in reverse and "DAPO better" in reverse  # A better, named
+
+
+def test_compare_lists_spec_fields_that_differ_besides_the_method(build, db):
+    two_methods(build, 0.0, lr=1e-3)
+    res = invoke("compare", "GRPO", "DAPO", "--db", db)
+    assert res.exit_code == 0, res.output
+    assert "also differs: lr (A: 0.0005; B: 0.001)" in res.output
+    assert "algorithm" not in res.output.split("also differs")[1]  # the compared field is not a difference
+
+
+def test_compare_overall_and_step(build, db):
+    two_methods(build, 0.0, steps=(100, 300))
+    res = invoke("compare", "GRPO", "DAPO", "--step", "100", "--db", db)
+    assert res.exit_code == 0 and "step: 100" in res.output
+    res = invoke("compare", "GRPO", "DAPO", "--step", "150", "--db", db)
+    assert res.exit_code == 2 and "no toy_add score at step 150; its steps: 100, 300" in res.output
+
+
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["GRPO", "PPO"], "B: no method, run or filter 'PPO'; methods: DAPO, GRPO"),
+        (["algorithm=rpg", "GRPO"], "A (algorithm=rpg): no run in scope matches this filter"),
+        (["GRPO", "DAPO", "--benchmarks", "aime24"], "benchmark aime24 is not scored for every run of A and B; common: toy_add"),
+        (["GRPO", "DAPO", "--step", "x"], "--step 'x': expected last or a step number"),
+    ],
+)
+def test_compare_bad_input_one_line_exit_2(build, db, args, message):
+    two_methods(build, 0.1)
+    res = invoke("compare", *args, "--db", db)
+    assert res.exit_code == 2, res.output
+    assert message in res.output and len(res.output.strip().splitlines()) == 1
+
+
+def test_compare_refuses_different_protocols(build, db):
+    rng = np.random.default_rng(0)
+    a = build.run(spec("grpo", 0))
+    b = build.run(spec("dapo", 0))
+    build.evaluate(a, 300, "toy_add", correct_counts(rng, np.full(10, 0.5)))
+    build.evaluate(b, 300, "toy_add", correct_counts(rng, np.full(10, 0.5)), max_tokens=64)
+    res = invoke("compare", "GRPO", "DAPO", "--db", db)
+    assert res.exit_code == 2
+    assert "max_tokens=64" in res.output and "scores drawn differently never compare" in res.output
+
+
+def test_compare_no_common_benchmark(build, db):
+    rng = np.random.default_rng(0)
+    build.evaluate(build.run(spec("grpo", 0)), 300, "aime24", correct_counts(rng, np.full(10, 0.5)))
+    build.evaluate(build.run(spec("dapo", 0)), 300, "aime25", correct_counts(rng, np.full(10, 0.5)))
+    res = invoke("compare", "GRPO", "DAPO", "--db", db)
+    assert res.exit_code == 2 and "no benchmark scored for every run of A and B (A: aime24; B: aime25)" in res.output
+
+
+def test_validation_rewards_outside_zero_one_get_no_interval_not_a_traceback(build, db, tmp_path):
+    for seed, value in enumerate((-0.4, 0.2)):  # a score in [-1, 1] (a reward), not an accuracy
+        run_id = build.run(spec("grpo", seed))
+        path = tmp_path / f"{run_id}.jsonl"
+        path.write_text(json.dumps({"step": 50, "data": {"val-core/toy_add/score/mean@8": value}}) + "\n")
+        build.store.ingest_metrics(run_id, path)
+    res = invoke("report", "--table", "--db", db)
+    assert res.exit_code == 0, res.output
+    assert "-10.0" in res.output and "no interval: 2 seeds" in res.output
+    res = invoke("compare", "GRPO", "GRPO", "--db", db)
+    assert res.exit_code == 2 and "scores must be per-problem accuracies in [0, 1]" in res.output
