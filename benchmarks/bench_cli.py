@@ -48,7 +48,9 @@ def workdir() -> Path:
         for spec in load_sweep(sweep_file).expand():
             for name in (*spec.data.train_files, *spec.data.val_files):
                 (root / name).parent.mkdir(parents=True, exist_ok=True)
-                pq.write_table(pa.Table.from_pylist([verl_row("1+1?", "2", "bench", 0)], schema=VERL_SCHEMA), root / name)
+                pq.write_table(
+                    pa.Table.from_pylist([verl_row("1+1?", "2", "bench", 0)], schema=VERL_SCHEMA), root / name
+                )
     return root
 
 
@@ -67,10 +69,18 @@ def best_time(argv: list[str], cwd: Path) -> tuple[float, float]:
 
 
 def heavy_imports(args: list[str], cwd: Path) -> list[str]:
-    out = subprocess.run([sys.executable, "-X", "importtime", "-m", "rpg_cli", *args], cwd=cwd,
-                         capture_output=True, text=True, check=True)
-    modules = {line.rsplit("|", 1)[-1].strip().split(".")[0] for line in out.stderr.splitlines()
-               if line.startswith("import time:")}
+    out = subprocess.run(
+        [sys.executable, "-X", "importtime", "-m", "rpg_cli", *args],
+        cwd=cwd,
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    modules = {
+        line.rsplit("|", 1)[-1].strip().split(".")[0]
+        for line in out.stderr.splitlines()
+        if line.startswith("import time:")
+    }
     return sorted(m for m in HEAVY if m in modules)
 
 
@@ -85,8 +95,10 @@ def main() -> int:
             heavy = heavy_imports(args, cwd)
             failed_imports |= bool(heavy)
             verdict = "PASS" if seconds < TARGET_S else "FAIL"
-            print(f"{label:38} {seconds:9.3f}s {cpu:6.3f}s {TARGET_S:7.1f}s {seconds / TARGET_S:7.2f}  {verdict:7}  "
-                  f"{', '.join(heavy) if heavy else 'none (PASS)'}")
+            print(
+                f"{label:38} {seconds:9.3f}s {cpu:6.3f}s {TARGET_S:7.1f}s {seconds / TARGET_S:7.2f}  {verdict:7}  "
+                f"{', '.join(heavy) if heavy else 'none (PASS)'}"
+            )
     finally:
         shutil.rmtree(cwd, ignore_errors=True)
     return 1 if failed_imports else 0

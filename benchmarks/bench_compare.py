@@ -41,7 +41,14 @@ def fill(db: str, root: Path, n_seeds: int, n_problems: int) -> None:
     for alg, shift in (("grpo", 0.0), ("dapo", 0.05)):
         for seed in range(n_seeds):
             run_id = f"{alg}-{seed}"
-            spec = {"algorithm": alg, "kl": "none", "seed": seed, "optimizer": "adamw", "context": "4k", "model": "Qwen/Qwen3-4B"}
+            spec = {
+                "algorithm": alg,
+                "kl": "none",
+                "seed": seed,
+                "optimizer": "adamw",
+                "context": "4k",
+                "model": "Qwen/Qwen3-4B",
+            }
             store.record_plan(RunPlan(id=run_id, name=run_id, sweep="bench", backend="local", spec=spec,
                                       run_dir=root / run_id, entrypoint=["true"]))  # fmt: skip
             for bench in BENCHMARKS:

@@ -93,22 +93,39 @@ def main() -> int:
     def runner(name, with_ref):
         def run():
             lp = x["log_prob"].clone().requires_grad_(True)
-            loss, _ = policy_loss(name, log_prob=lp, old_log_prob=x["old"], advantages=x["adv"],
-                                  response_mask=x["mask"], ref_log_prob=x["ref"] if with_ref else None, beta=1e-3)
+            loss, _ = policy_loss(
+                name,
+                log_prob=lp,
+                old_log_prob=x["old"],
+                advantages=x["adv"],
+                response_mask=x["mask"],
+                ref_log_prob=x["ref"] if with_ref else None,
+                beta=1e-3,
+            )
             loss.backward()
+
         return run
 
     def forward_only(fn_name, with_ref=False):
         lp = x["log_prob"].clone().requires_grad_(True)
         if fn_name == "floor":
             return lambda: floor_ppo(lp, x["old"], x["adv"], x["mask"])
-        return lambda: policy_loss(fn_name, log_prob=lp, old_log_prob=x["old"], advantages=x["adv"],
-                                   response_mask=x["mask"], ref_log_prob=x["ref"] if with_ref else None, beta=1e-3)
+        return lambda: policy_loss(
+            fn_name,
+            log_prob=lp,
+            old_log_prob=x["old"],
+            advantages=x["adv"],
+            response_mask=x["mask"],
+            ref_log_prob=x["ref"] if with_ref else None,
+            beta=1e-3,
+        )
 
     floor_time, _ = paired_times(run_floor, run_floor, args.repeat, args.device)
     floor_mem = saved_bytes(forward_only("floor"))
-    print(f"policy losses, forward+backward on ({args.batch}, {args.length}) {x['log_prob'].dtype} tokens, "
-          f"device {args.device}, {torch.get_num_threads()} threads, best of {args.repeat} alternating rounds")
+    print(
+        f"policy losses, forward+backward on ({args.batch}, {args.length}) {x['log_prob'].dtype} tokens, "
+        f"device {args.device}, {torch.get_num_threads()} threads, best of {args.repeat} alternating rounds"
+    )
     print(f"floor (inline dual-clip PPO): {floor_time * 1e3:.2f} ms, saved for backward {floor_mem / 2**20:.1f} MiB")
     print(f"{'loss':<22}{'reference':<11}{'ms':>8}{'time x':>8}{'MiB':>8}{'mem x':>7}  target <= {TARGET}x")
     worst = 0.0
@@ -121,8 +138,10 @@ def main() -> int:
             ratio = t / floor_t
             if name.startswith("rpg"):
                 worst = max(worst, ratio)
-            print(f"{name:<22}{'pi_ref' if with_ref else 'pi_old':<11}{t * 1e3:8.2f}{ratio:8.2f}"
-                  f"{mem / 2**20:8.1f}{mem / floor_mem:7.2f}  {'ok' if ratio <= TARGET else 'SLOW'}")
+            print(
+                f"{name:<22}{'pi_ref' if with_ref else 'pi_old':<11}{t * 1e3:8.2f}{ratio:8.2f}"
+                f"{mem / 2**20:8.1f}{mem / floor_mem:7.2f}  {'ok' if ratio <= TARGET else 'SLOW'}"
+            )
     print(f"worst RPG loss: {worst:.2f}x the floor ({'PASS' if worst <= TARGET else 'FAIL'} vs {TARGET}x)")
     return 0
 

@@ -84,20 +84,41 @@ def main() -> int:
         val_s, val_table = timed(lambda: table_all_formats(store))
 
         store.record_evals(
-            {"run_id": r, "step": s, "benchmark": b, "metric": f"{m}@32", "k": 32, "value": rng.random(),
-             "scorer": "dapo", "scorer_version": "1", "n": 32, "temperature": 1.0, "top_p": 0.7, "max_tokens": 4096,
-             "seed": 0}  # fmt: skip
-            for r in ids for s in range(5, args.steps + 1, 5) for b in ("aime24", "aime25", "amc23") for m in ("mean", "pass", "maj")
+            {
+                "run_id": r,
+                "step": s,
+                "benchmark": b,
+                "metric": f"{m}@32",
+                "k": 32,
+                "value": rng.random(),
+                "scorer": "dapo",
+                "scorer_version": "1",
+                "n": 32,
+                "temperature": 1.0,
+                "top_p": 0.7,
+                "max_tokens": 4096,
+                "seed": 0,
+            }  # fmt: skip
+            for r in ids
+            for s in range(5, args.steps + 1, 5)
+            for b in ("aime24", "aime25", "amc23")
+            for m in ("mean", "pass", "maj")
         )
         eval_s, eval_table = timed(lambda: table_all_formats(store))
         summary_s, summary = timed(lambda: report.runs_summary(store))
         store.close()
 
     rows = sum(len(g.rows) for g in eval_table.groups)
-    print(f"store: {args.runs} runs x {args.steps} steps x {len(keys)} keys = {n_metrics:,} metric rows (filled in {fill_s:.1f} s)")
+    print(
+        f"store: {args.runs} runs x {args.steps} steps x {len(keys)} keys = {n_metrics:,} metric rows (filled in {fill_s:.1f} s)"
+    )
     print(f"{'measure':<56}{'seconds':>10}{'target':>10}{'ratio':>8}")
     results = [
-        (f"table from logged val metrics ({sum(len(g.rows) for g in val_table.groups)} rows, 5 formats)", val_s, TARGET_S),
+        (
+            f"table from logged val metrics ({sum(len(g.rows) for g in val_table.groups)} rows, 5 formats)",
+            val_s,
+            TARGET_S,
+        ),
         (f"table from evals ({rows} rows, 5 formats)", eval_s, TARGET_S),
         (f"runs summary ({len(summary)} runs)", summary_s, TARGET_S),
     ]

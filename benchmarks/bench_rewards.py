@@ -23,13 +23,43 @@ REPO = Path(__file__).resolve().parents[1]
 TARGET_RATIO = 1.5
 
 # Ground truths in the styles the evaluation and training sets use.
-_TRUTHS = ["540", "336^\\circ", "\\frac{1}{2}", "-1", "3159", "45", "\\sqrt{2}", "3\\sqrt{3}", "(A)", "0.25",
-           "\\frac{3}{4}", "12", "7", "\\pi", "1000", "2\\pi", "x+1", "\\text{(B)}", "10^\\circ", "0"]
+_TRUTHS = [
+    "540",
+    "336^\\circ",
+    "\\frac{1}{2}",
+    "-1",
+    "3159",
+    "45",
+    "\\sqrt{2}",
+    "3\\sqrt{3}",
+    "(A)",
+    "0.25",
+    "\\frac{3}{4}",
+    "12",
+    "7",
+    "\\pi",
+    "1000",
+    "2\\pi",
+    "x+1",
+    "\\text{(B)}",
+    "10^\\circ",
+    "0",
+]
 _FILLER = [
-    "Let me think step by step.", "We compute $x^2 + 3x = 10$, so $x = 2$.", "The answer to part (a) is 4.",
-    "So the sum is $\\frac{a}{b} = 7$.", "Check: 3,000 ways and 12 cm.", "Note $\\boxed{3}$ was a guess.",
-    "Hence", "answer", "Therefore the final ANSWER is near.", "\\[ \\sum_{i=1}^{n} i = \\frac{n(n+1)}{2} \\]",
-    "Plugging in gives $y = -1$.", "A unit circle has area $\\pi$.", "Résumé: İ ≥ ∑ 3².", "Anſwer: 3",
+    "Let me think step by step.",
+    "We compute $x^2 + 3x = 10$, so $x = 2$.",
+    "The answer to part (a) is 4.",
+    "So the sum is $\\frac{a}{b} = 7$.",
+    "Check: 3,000 ways and 12 cm.",
+    "Note $\\boxed{3}$ was a guess.",
+    "Hence",
+    "answer",
+    "Therefore the final ANSWER is near.",
+    "\\[ \\sum_{i=1}^{n} i = \\frac{n(n+1)}{2} \\]",
+    "Plugging in gives $y = -1$.",
+    "A unit circle has area $\\pi$.",
+    "Résumé: İ ≥ ∑ 3².",
+    "Anſwer: 3",
     "Cost \\$5 and 5\\% off.",
 ]
 
@@ -37,10 +67,32 @@ _FILLER = [
 def _variants(truth: str, rng: random.Random) -> str:
     """An answer written as a model might: the truth itself, a reformatting, or a wrong value."""
     wrong = rng.choice([truth + "1", "1" + truth, "2", truth.replace("1", "7"), "-" + truth])
-    choices = [truth, truth, f"${truth}$", f"\\boxed{{{truth}}}", f"$\\boxed{{{truth}}}$", f"x = {truth}",
-               f"{truth}.", f"{truth} cm", f"{truth} degrees", f"\\text{{{truth}}}", f" {truth} ",
-               f"{truth}**", f"\\textbf{{{truth}}}", wrong, wrong, f"{wrong} units", "", "[INVALID]",
-               f"\\${truth}", f"{truth}\\%", f"\t{truth}", "\\fracab", "\\sqrt2", f"${truth}$ and ${wrong}$"]
+    choices = [
+        truth,
+        truth,
+        f"${truth}$",
+        f"\\boxed{{{truth}}}",
+        f"$\\boxed{{{truth}}}$",
+        f"x = {truth}",
+        f"{truth}.",
+        f"{truth} cm",
+        f"{truth} degrees",
+        f"\\text{{{truth}}}",
+        f" {truth} ",
+        f"{truth}**",
+        f"\\textbf{{{truth}}}",
+        wrong,
+        wrong,
+        f"{wrong} units",
+        "",
+        "[INVALID]",
+        f"\\${truth}",
+        f"{truth}\\%",
+        f"\t{truth}",
+        "\\fracab",
+        "\\sqrt2",
+        f"${truth}$ and ${wrong}$",
+    ]
     if truth.isdigit() and len(truth) > 3:
         choices.append(f"{truth[:-3]},{truth[-3:]}")
     return rng.choice(choices)
@@ -111,7 +163,9 @@ def bench_dapo(count: int, seed: int) -> bool:
 
     rows = generate_responses(count, seed)
     verl = load_verl_math_dapo()
-    scorers = {"rpg dapo": score_dapo} if verl is None else {"rpg dapo": score_dapo, "verl math_dapo": verl.compute_score}
+    scorers = (
+        {"rpg dapo": score_dapo} if verl is None else {"rpg dapo": score_dapo, "verl math_dapo": verl.compute_score}
+    )
     measured = _compare(scorers, rows)
     print(f"dapo scorer, {count:,} generated responses with Answer: lines, one core")
     print(f"  {'scorer':<28}{'responses/s':>14}")
@@ -155,9 +209,13 @@ def _math_verify_rows(seed: int) -> list[tuple[str, str, bool]] | None:
             wrong = rng.randrange(4) == 0
             value = _off_by_one(truth) if wrong else truth
             style = rng.randrange(3)
-            text = (f"Step 1 ... so the result follows.\n\nAnswer: {value}" if style == 0
-                    else f"Thus the final answer is $\\boxed{{{value}}}$." if style == 1
-                    else f"We get ${value}$.\nAnswer: ${value}$")
+            text = (
+                f"Step 1 ... so the result follows.\n\nAnswer: {value}"
+                if style == 0
+                else f"Thus the final answer is $\\boxed{{{value}}}$."
+                if style == 1
+                else f"We get ${value}$.\nAnswer: ${value}$"
+            )
             rows.append((text, truth, not wrong))
     return rows
 
@@ -177,8 +235,10 @@ def bench_math_verify(seed: int, workers: int = 2) -> bool:
         elapsed = time.perf_counter() - start
         timeouts = pool.timeouts
     wrong_verdicts = sum(res["acc"] != expected for res, (_, _, expected) in zip(results, rows))
-    print(f"  rows {len(rows):,}  rows/s {len(rows) / elapsed:,.0f}  timeouts {timeouts}  "
-          f"verdicts unlike the construction {wrong_verdicts}")
+    print(
+        f"  rows {len(rows):,}  rows/s {len(rows) / elapsed:,.0f}  timeouts {timeouts}  "
+        f"verdicts unlike the construction {wrong_verdicts}"
+    )
     return wrong_verdicts == 0
 
 

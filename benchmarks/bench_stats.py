@@ -42,7 +42,11 @@ def method_runs(rng: np.random.Generator, n_seeds: int, n_problems: int, skill: 
         q = rng.beta(1.0 + skill, 2.0, size=n_problems)
         shift = rng.normal(0, 0.3, size=(n_seeds, 1))
         blocks[bench] = rng.binomial(K, np.clip(q + shift * q * (1 - q), 0, 1)) / K
-    return stats.Runs(blocks, seeds=tuple(range(n_seeds)), problems={b: tuple(f"{b}-{i}" for i in range(n_problems)) for b in BENCHMARKS})
+    return stats.Runs(
+        blocks,
+        seeds=tuple(range(n_seeds)),
+        problems={b: tuple(f"{b}-{i}" for i in range(n_problems)) for b in BENCHMARKS},
+    )
 
 
 def timed(fn, repeat: int = 3) -> tuple[float, float, object]:
@@ -77,7 +81,10 @@ def main() -> int:
     a, b = steps["last"][0], steps["last"][5]
 
     def compare() -> list[str]:
-        return [stats.compare(a, b, bench, n_resamples=args.resamples).text("A", "B") for bench in (*BENCHMARKS, stats.OVERALL)]
+        return [
+            stats.compare(a, b, bench, n_resamples=args.resamples).text("A", "B")
+            for bench in (*BENCHMARKS, stats.OVERALL)
+        ]
 
     table_cpu, table_wall, cells = timed(table)
     compare_cpu, compare_wall, lines = timed(compare)
@@ -86,10 +93,17 @@ def main() -> int:
     print(f"{'measure':<52}{'cpu s':>8}{'wall s':>8}{'target':>8}{'ratio':>7}  verdict")
     results = [
         (f"table: {len(cells)} cells (Last and Best, 3 + overall)", table_cpu, table_wall, TABLE_TARGET_S),
-        (f"compare: {a.n_seeds} vs {b.n_seeds} seeds, 3 benchmarks + overall", compare_cpu, compare_wall, COMPARE_TARGET_S),
+        (
+            f"compare: {a.n_seeds} vs {b.n_seeds} seeds, 3 benchmarks + overall",
+            compare_cpu,
+            compare_wall,
+            COMPARE_TARGET_S,
+        ),
     ]
     for name, cpu, wall, target in results:
-        print(f"{name:<52}{cpu:>8.3f}{wall:>8.3f}{target:>8.1f}{cpu / target:>7.2f}  {'PASS' if cpu < target else 'FAIL'}")
+        print(
+            f"{name:<52}{cpu:>8.3f}{wall:>8.3f}{target:>8.1f}{cpu / target:>7.2f}  {'PASS' if cpu < target else 'FAIL'}"
+        )
     print(f"sample cell: {cells[0]}; sample compare line: {lines[-1]}")
     return 0 if all(cpu < target for _, cpu, _, target in results) else 1
 

@@ -55,25 +55,91 @@ def _command(name: str | None = None):
 
 
 _DB_HELP = "Results store: a SQLAlchemy URL or a SQLite file path (default sqlite:///runs/results.db)."
-_ADDRESS_HELP = "Ray cluster (dashboard URL or head address); default: $RAY_ADDRESS, else the local head under --runs-dir."
+_ADDRESS_HELP = (
+    "Ray cluster (dashboard URL or head address); default: $RAY_ADDRESS, else the local head under --runs-dir."
+)
 _RUNS_DIR_HELP = "Root of the run directories; the local Ray head keeps its files in PATH/ray."
-_STATUS_STYLE = {"pending": "dim", "submitted": "cyan", "running": "blue", "succeeded": "green", "failed": "red", "stopped": "yellow"}
+_STATUS_STYLE = {
+    "pending": "dim",
+    "submitted": "cyan",
+    "running": "blue",
+    "succeeded": "green",
+    "failed": "red",
+    "stopped": "yellow",
+}
 
 
 @_command("prepare-data")
 def prepare_data(
-    sources: list[str] = typer.Argument(None, metavar="SOURCE", show_default=False, help="Presets dapo-math-17k, aime24, aime25, amc23 (the default), minerva_math, olympiadbench; PRESET=FILE or PRESET=hf:OWNER/NAME:CONFIG@SPLIT reads another copy."),
+    sources: list[str] = typer.Argument(
+        None,
+        metavar="SOURCE",
+        show_default=False,
+        help="Presets dapo-math-17k, aime24, aime25, amc23 (the default), minerva_math, olympiadbench; PRESET=FILE or PRESET=hf:OWNER/NAME:CONFIG@SPLIT reads another copy.",
+    ),
     out: str = typer.Option("data", "--out", "-o", metavar="DIR", help="Directory for the parquet files."),
-    from_origin: str = typer.Option(None, "--from", metavar="FILE|hf:ID", help="Read the one preset named from this local file or hub dataset (same as PRESET=FILE)."),
-    input_file: str = typer.Option(None, "--input", "-i", metavar="FILE", help="Any local file of problems (.jsonl, .json, .csv, .tsv, .parquet), written as NAME.parquet."),
-    name: str = typer.Option(None, "--name", metavar="NAME", help="Name of the --input set: output NAME.parquet, data_source NAME (default: the file's stem)."),
-    data_source: str = typer.Option(None, "--data-source", metavar="NAME", help="data_source of the --input rows (default: NAME); it picks verl's reward function and names the metrics."),
-    question_field: str = typer.Option(None, "--question-field", metavar="FIELD", help="Field holding the problem (default: auto-detect); dotted paths reach into structs, as in extra_info.raw_problem"),
-    answer_field: str = typer.Option(None, "--answer-field", metavar="FIELD", help="Field holding the final answer (default: auto-detect), as in reward_model.ground_truth"),
-    english_only: bool = typer.Option(None, "--english-only/--any-language", show_default=False, metavar="", help="Drop problems written mostly in non-Latin scripts (default: on for dapo-math-17k only)."),
-    dedup: bool = typer.Option(True, "--dedup/--no-dedup", metavar="", help="Drop repeated problems (equal up to case, whitespace and Unicode form)."),
-    strict: bool = typer.Option(False, "--strict", metavar="", help="Stop on any malformed row (empty question, missing answer) and write nothing, instead of skipping it."),
-    toy: bool = typer.Option(False, "--toy", metavar="", help="Instead, write the local backend's toy task and tiny model (no download) to OUT/toy: model/, train.parquet, val.parquet."),
+    from_origin: str = typer.Option(
+        None,
+        "--from",
+        metavar="FILE|hf:ID",
+        help="Read the one preset named from this local file or hub dataset (same as PRESET=FILE).",
+    ),
+    input_file: str = typer.Option(
+        None,
+        "--input",
+        "-i",
+        metavar="FILE",
+        help="Any local file of problems (.jsonl, .json, .csv, .tsv, .parquet), written as NAME.parquet.",
+    ),
+    name: str = typer.Option(
+        None,
+        "--name",
+        metavar="NAME",
+        help="Name of the --input set: output NAME.parquet, data_source NAME (default: the file's stem).",
+    ),
+    data_source: str = typer.Option(
+        None,
+        "--data-source",
+        metavar="NAME",
+        help="data_source of the --input rows (default: NAME); it picks verl's reward function and names the metrics.",
+    ),
+    question_field: str = typer.Option(
+        None,
+        "--question-field",
+        metavar="FIELD",
+        help="Field holding the problem (default: auto-detect); dotted paths reach into structs, as in extra_info.raw_problem",
+    ),
+    answer_field: str = typer.Option(
+        None,
+        "--answer-field",
+        metavar="FIELD",
+        help="Field holding the final answer (default: auto-detect), as in reward_model.ground_truth",
+    ),
+    english_only: bool = typer.Option(
+        None,
+        "--english-only/--any-language",
+        show_default=False,
+        metavar="",
+        help="Drop problems written mostly in non-Latin scripts (default: on for dapo-math-17k only).",
+    ),
+    dedup: bool = typer.Option(
+        True,
+        "--dedup/--no-dedup",
+        metavar="",
+        help="Drop repeated problems (equal up to case, whitespace and Unicode form).",
+    ),
+    strict: bool = typer.Option(
+        False,
+        "--strict",
+        metavar="",
+        help="Stop on any malformed row (empty question, missing answer) and write nothing, instead of skipping it.",
+    ),
+    toy: bool = typer.Option(
+        False,
+        "--toy",
+        metavar="",
+        help="Instead, write the local backend's toy task and tiny model (no download) to OUT/toy: model/, train.parquet, val.parquet.",
+    ),
 ) -> None:
     """Write verl-format parquet for training (DAPO-Math-17k) and evaluation (AIME24/25, AMC23, ...).
 
@@ -120,12 +186,19 @@ def prepare_data(
 
     from rpg_cli.datasets import PrepareError, SourceError, SourceOptions, prepare, resolve_sources
 
-    options = SourceOptions(question_field=question_field, answer_field=answer_field, english_only=english_only,
-                            dedup=dedup)
+    options = SourceOptions(
+        question_field=question_field, answer_field=answer_field, english_only=english_only, dedup=dedup
+    )
     try:
-        specs = resolve_sources(sources or [], out_dir=Path(out), options=options, from_origin=from_origin,
-                                input_file=Path(input_file) if input_file else None, name=name,
-                                data_source=data_source)
+        specs = resolve_sources(
+            sources or [],
+            out_dir=Path(out),
+            options=options,
+            from_origin=from_origin,
+            input_file=Path(input_file) if input_file else None,
+            name=name,
+            data_source=data_source,
+        )
         reports = prepare(specs, strict=strict)
     except PrepareError as e:
         _print_malformed_rows(e.reports)
@@ -163,14 +236,37 @@ def _print_prepare_summary(reports: list) -> None:
 @_command()
 def sweep(
     spec: str = typer.Argument(..., metavar="SPEC", help="Sweep YAML: name, base, grid, include/exclude, seeds."),
-    dry_run: bool = typer.Option(False, "--dry-run", metavar="", help="Print the plan (runs, their state in the store) and write nothing."),
-    output_format: str = typer.Option("table", "--format", metavar="table|json", help="Plan output: a table, or JSON (id, name, spec, state, entrypoint)."),
-    db: str = typer.Option("sqlite:///runs/results.db", "--db", metavar="URL", help="Results store (any SQLAlchemy URL)."),
-    runs_dir: str = typer.Option("runs", "--runs-dir", metavar="PATH", help="Root of the run directories: PATH/<sweep>/<run>/."),
-    backend: str = typer.Option(None, "--backend", metavar="verl|local", help="Run every cell on this backend instead of the spec's."),
-    detach: bool = typer.Option(False, "--detach", metavar="", help="Submit and return at once instead of following progress."),
-    retry_failed: bool = typer.Option(False, "--retry-failed", metavar="", help="Resubmit runs that failed or were stopped."),
-    address: str = typer.Option(None, "--address", envvar="RAY_ADDRESS", metavar="ADDR", help="Ray cluster (e.g. http://head:8265). Default: a local head bound to 127.0.0.1, started on first use, its files under --runs-dir."),
+    dry_run: bool = typer.Option(
+        False, "--dry-run", metavar="", help="Print the plan (runs, their state in the store) and write nothing."
+    ),
+    output_format: str = typer.Option(
+        "table",
+        "--format",
+        metavar="table|json",
+        help="Plan output: a table, or JSON (id, name, spec, state, entrypoint).",
+    ),
+    db: str = typer.Option(
+        "sqlite:///runs/results.db", "--db", metavar="URL", help="Results store (any SQLAlchemy URL)."
+    ),
+    runs_dir: str = typer.Option(
+        "runs", "--runs-dir", metavar="PATH", help="Root of the run directories: PATH/<sweep>/<run>/."
+    ),
+    backend: str = typer.Option(
+        None, "--backend", metavar="verl|local", help="Run every cell on this backend instead of the spec's."
+    ),
+    detach: bool = typer.Option(
+        False, "--detach", metavar="", help="Submit and return at once instead of following progress."
+    ),
+    retry_failed: bool = typer.Option(
+        False, "--retry-failed", metavar="", help="Resubmit runs that failed or were stopped."
+    ),
+    address: str = typer.Option(
+        None,
+        "--address",
+        envvar="RAY_ADDRESS",
+        metavar="ADDR",
+        help="Ray cluster (e.g. http://head:8265). Default: a local head bound to 127.0.0.1, started on first use, its files under --runs-dir.",
+    ),
 ) -> None:
     """Expand a sweep spec into runs and submit one Ray job per run (or --dry-run to see the plan).
 
@@ -205,7 +301,9 @@ def sweep(
     except SpecError as e:
         _fail("sweep", e)
     if not dry_run:
-        _watch_sweep(plans, plans[0].sweep, db, address=address, detach=detach, retry_failed=retry_failed, runs_dir=runs_dir)
+        _watch_sweep(
+            plans, plans[0].sweep, db, address=address, detach=detach, retry_failed=retry_failed, runs_dir=runs_dir
+        )
         return
     try:
         states = known_states(db, plans)
@@ -217,8 +315,17 @@ def sweep(
 
         from rpg_cli.spec import validation_cost
 
-        rows = [{"id": p.id, "name": p.name, "spec": p.spec, "state": states[p.id], "entrypoint": p.entrypoint,
-                 "validation": (cost := validation_cost(p.spec)) and cost.as_dict()} for p in plans]
+        rows = [
+            {
+                "id": p.id,
+                "name": p.name,
+                "spec": p.spec,
+                "state": states[p.id],
+                "entrypoint": p.entrypoint,
+                "validation": (cost := validation_cost(p.spec)) and cost.as_dict(),
+            }
+            for p in plans
+        ]
         typer.echo(json.dumps(rows, indent=2))
     else:
         _print_sweep_plan(plans, states, retry_failed)
@@ -248,8 +355,17 @@ def _print_sweep_plan(plans: list, states: dict[str, str], retry_failed: bool) -
     for p in plans:
         clip = p.spec["clip"]
         clip_text = f"{clip['eps_low']:g}/{clip['eps_high']:g} c={clip['c']:g}" if clip else "off"
-        table.add_row(p.name, p.id, p.spec["algorithm"], p.spec["kl"], clip_text, p.spec["optimizer"],
-                      p.spec["context"], str(p.spec["seed"]), states[p.id])
+        table.add_row(
+            p.name,
+            p.id,
+            p.spec["algorithm"],
+            p.spec["kl"],
+            clip_text,
+            p.spec["optimizer"],
+            p.spec["context"],
+            str(p.spec["seed"]),
+            states[p.id],
+        )
     console = _console()
     console.print(table)
     n = summarize(plans, states, retry_failed)
@@ -261,30 +377,91 @@ def _print_sweep_plan(plans: list, states: dict[str, str], retry_failed: bool) -
         highlight=False,
     )
     for runs, problems, n, count, every in validation_costs(plans):
-        per = (f"{problems:,} problems x {n} samples = {problems * n:,} generations" if problems is not None
-               else f"{n} samples per problem (problems not counted: the files are not readable here)")
-        console.print(f"validation ({runs} runs): {per} per validation, {count} per run (before training, every "
-                      f"{every} steps and at the last)", highlight=False)
+        per = (
+            f"{problems:,} problems x {n} samples = {problems * n:,} generations"
+            if problems is not None
+            else f"{n} samples per problem (problems not counted: the files are not readable here)"
+        )
+        console.print(
+            f"validation ({runs} runs): {per} per validation, {count} per run (before training, every "
+            f"{every} steps and at the last)",
+            highlight=False,
+        )
 
 
 @_command("eval")
 def evaluate(
-    ref: str = typer.Argument(..., metavar="RUN_OR_CHECKPOINT", help="A run (id, id prefix, name), a sweep (all its runs), a run directory, one checkpoint (step_N, global_step_N) or any HF model directory."),
-    benchmarks: str = typer.Option("aime24,aime25,amc23", "--benchmarks", "-b", metavar="NAME|FILE,...", help="Presets aime24, aime25, amc23 (their files in --data-dir) and/or prepared .parquet files."),
-    k: int = typer.Option(None, "--k", "-k", min=1, metavar="K", help="Samples per problem (default: the run's val.n; 32 for a bare model)."),
+    ref: str = typer.Argument(
+        ...,
+        metavar="RUN_OR_CHECKPOINT",
+        help="A run (id, id prefix, name), a sweep (all its runs), a run directory, one checkpoint (step_N, global_step_N) or any HF model directory.",
+    ),
+    benchmarks: str = typer.Option(
+        "aime24,aime25,amc23",
+        "--benchmarks",
+        "-b",
+        metavar="NAME|FILE,...",
+        help="Presets aime24, aime25, amc23 (their files in --data-dir) and/or prepared .parquet files.",
+    ),
+    k: int = typer.Option(
+        None,
+        "--k",
+        "-k",
+        min=1,
+        metavar="K",
+        help="Samples per problem (default: the run's val.n; 32 for a bare model).",
+    ),
     steps: str = typer.Option("last", "--steps", metavar="last|all|N,M", help="Which checkpoints of a run."),
-    scorer: str = typer.Option("dapo", "--scorer", metavar="SCORER", help="dapo (the paper's Answer: rule) or math_verify (symbolic equivalence)."),
-    data_dir: str = typer.Option("data", "--data-dir", metavar="DIR", help="Where `rpg prepare-data` wrote the benchmark files."),
+    scorer: str = typer.Option(
+        "dapo",
+        "--scorer",
+        metavar="SCORER",
+        help="dapo (the paper's Answer: rule) or math_verify (symbolic equivalence).",
+    ),
+    data_dir: str = typer.Option(
+        "data", "--data-dir", metavar="DIR", help="Where `rpg prepare-data` wrote the benchmark files."
+    ),
     db: str = typer.Option(None, "--db", metavar="URL", help=_DB_HELP),
-    address: str = typer.Option(None, "--address", metavar="ADDRESS", help="Ray cluster to run the evaluation job on; default: $RAY_ADDRESS, else the local head under --runs-dir."),
+    address: str = typer.Option(
+        None,
+        "--address",
+        metavar="ADDRESS",
+        help="Ray cluster to run the evaluation job on; default: $RAY_ADDRESS, else the local head under --runs-dir.",
+    ),
     local: bool = typer.Option(False, "--local", metavar="", help="Evaluate in this process instead of as a Ray job."),
-    runs_dir: str = typer.Option("runs", "--runs-dir", metavar="PATH", help="Root of the run directories (bare models are recorded under PATH/checkpoints/)."),
-    engine: str = typer.Option("auto", "--engine", metavar="auto|vllm|hf", help="auto: vLLM when installed and a GPU is present, else transformers."),
-    temperature: float = typer.Option(None, "--temperature", min=0.0, metavar="T", help="Default: the run's val.temperature."),
+    runs_dir: str = typer.Option(
+        "runs",
+        "--runs-dir",
+        metavar="PATH",
+        help="Root of the run directories (bare models are recorded under PATH/checkpoints/).",
+    ),
+    engine: str = typer.Option(
+        "auto",
+        "--engine",
+        metavar="auto|vllm|hf",
+        help="auto: vLLM when installed and a GPU is present, else transformers.",
+    ),
+    temperature: float = typer.Option(
+        None, "--temperature", min=0.0, metavar="T", help="Default: the run's val.temperature."
+    ),
     top_p: float = typer.Option(None, "--top-p", metavar="P", help="Default: the run's val.top_p."),
-    max_tokens: int = typer.Option(None, "--max-tokens", min=1, metavar="N", help="Response budget; default: the run's context (its response length)."),
-    seed: int = typer.Option(0, "--seed", metavar="N", help="Sampling seed (each problem draws from its own seed derived from it)."),
-    gpus: float = typer.Option(None, "--gpus", min=0.0, metavar="N", help="GPUs the Ray job reserves (default: 1 when the run trained on GPUs, else 0)."),
+    max_tokens: int = typer.Option(
+        None,
+        "--max-tokens",
+        min=1,
+        metavar="N",
+        help="Response budget; default: the run's context (its response length).",
+    ),
+    seed: int = typer.Option(
+        0, "--seed", metavar="N", help="Sampling seed (each problem draws from its own seed derived from it)."
+    ),
+    gpus: float = typer.Option(
+        None,
+        "--gpus",
+        min=0.0,
+        metavar="N",
+        help="GPUs the Ray job reserves (default: 1 when the run trained on GPUs, else 0).",
+    ),
 ) -> None:
     """Score checkpoints on AIME24/AIME25/AMC23: k samples per problem, mean@k, pass@k (unbiased), maj@k, std@k.
 
@@ -336,7 +513,9 @@ def evaluate(
         _fail("eval", e, code=1)
     except KeyboardInterrupt:
         where = "" if local else "; the Ray job keeps running and the same command re-attaches to it"
-        typer.echo(f"rpg eval: interrupted; every sample scored so far is stored, the same command resumes{where}", err=True)
+        typer.echo(
+            f"rpg eval: interrupted; every sample scored so far is stored, the same command resumes{where}", err=True
+        )
         raise typer.Exit(130) from None
     finally:
         progress.stop()
@@ -359,18 +538,73 @@ def _print_eval_results(results: list, scorer: str, console) -> None:
 
 @_command()
 def report(
-    table: bool = typer.Option(False, "--table", metavar="", help="The Last/Best table (the default when neither --table nor --plot is given)."),
-    plot: bool = typer.Option(False, "--plot", metavar="", help="Training-dynamics figures (PNG and SVG), one panel per metric, one line per run."),
-    sweep_name: str = typer.Option(None, "--sweep", metavar="NAME", help="Only this sweep's runs (default: every run in the store)."),
-    metric: str = typer.Option("mean@k", "--metric", metavar="METRIC", help="Score to tabulate: mean@K, pass@K or maj@K; K=k takes the largest k scored."),
-    benchmarks: str = typer.Option(None, "--benchmarks", metavar="B[,B]", help="Columns to show, e.g. aime24,aime25 (default: every benchmark scored)."),
-    output_format: str = typer.Option(None, "--format", metavar="FORMAT", help="Table format: table, markdown, latex, csv or json (default: from --output's suffix .md/.tex/.csv/.json, else a terminal table)."),
-    output: str = typer.Option(None, "--output", "-o", metavar="FILE|DIR", help="--table: write to FILE instead of printing. --plot: directory of the figures (default runs/plots)."),
-    compare_paper: bool = typer.Option(False, "--compare-paper", metavar="", help="Add the paper's Best (test-selected: the maximum over test evaluations) and put the paper's published numbers and the difference beside Last and that Best."),
-    select_on: str = typer.Option(None, "--select-on", metavar="BENCHMARK", help="Held-out benchmark that picks each run's step for Best (val-selected), reported on the test benchmarks at that step; it is then not a test column. Default: none (no Best (val-selected) column)."),
-    scorer: str = typer.Option(None, "--scorer", metavar="SCORER", help="`rpg eval` scorer whose scores to show (default: the one with the most scores)."),
-    per_seed: bool = typer.Option(False, "--per-seed", metavar="", help="--plot: also draw each seed's run as a thin line under its method's mean and band."),
-    metrics: str = typer.Option(None, "--metrics", metavar="M[,M]", help="--plot panels: reward, entropy, response_length, kl, reference_kl, reference_age, val (one per benchmark), or any logged key. Default: those of these that were logged."),
+    table: bool = typer.Option(
+        False, "--table", metavar="", help="The Last/Best table (the default when neither --table nor --plot is given)."
+    ),
+    plot: bool = typer.Option(
+        False,
+        "--plot",
+        metavar="",
+        help="Training-dynamics figures (PNG and SVG), one panel per metric, one line per run.",
+    ),
+    sweep_name: str = typer.Option(
+        None, "--sweep", metavar="NAME", help="Only this sweep's runs (default: every run in the store)."
+    ),
+    metric: str = typer.Option(
+        "mean@k",
+        "--metric",
+        metavar="METRIC",
+        help="Score to tabulate: mean@K, pass@K or maj@K; K=k takes the largest k scored.",
+    ),
+    benchmarks: str = typer.Option(
+        None,
+        "--benchmarks",
+        metavar="B[,B]",
+        help="Columns to show, e.g. aime24,aime25 (default: every benchmark scored).",
+    ),
+    output_format: str = typer.Option(
+        None,
+        "--format",
+        metavar="FORMAT",
+        help="Table format: table, markdown, latex, csv or json (default: from --output's suffix .md/.tex/.csv/.json, else a terminal table).",
+    ),
+    output: str = typer.Option(
+        None,
+        "--output",
+        "-o",
+        metavar="FILE|DIR",
+        help="--table: write to FILE instead of printing. --plot: directory of the figures (default runs/plots).",
+    ),
+    compare_paper: bool = typer.Option(
+        False,
+        "--compare-paper",
+        metavar="",
+        help="Add the paper's Best (test-selected: the maximum over test evaluations) and put the paper's published numbers and the difference beside Last and that Best.",
+    ),
+    select_on: str = typer.Option(
+        None,
+        "--select-on",
+        metavar="BENCHMARK",
+        help="Held-out benchmark that picks each run's step for Best (val-selected), reported on the test benchmarks at that step; it is then not a test column. Default: none (no Best (val-selected) column).",
+    ),
+    scorer: str = typer.Option(
+        None,
+        "--scorer",
+        metavar="SCORER",
+        help="`rpg eval` scorer whose scores to show (default: the one with the most scores).",
+    ),
+    per_seed: bool = typer.Option(
+        False,
+        "--per-seed",
+        metavar="",
+        help="--plot: also draw each seed's run as a thin line under its method's mean and band.",
+    ),
+    metrics: str = typer.Option(
+        None,
+        "--metrics",
+        metavar="M[,M]",
+        help="--plot panels: reward, entropy, response_length, kl, reference_kl, reference_age, val (one per benchmark), or any logged key. Default: those of these that were logged.",
+    ),
     smooth: int = typer.Option(1, "--smooth", min=1, metavar="N", help="--plot: moving average over N logged steps."),
     db: str = typer.Option(None, "--db", metavar="URL", help=_DB_HELP),
     address: str = typer.Option(None, "--address", metavar="ADDRESS", help=_ADDRESS_HELP),
@@ -403,12 +637,17 @@ def report(
     if output_format is not None and output_format not in formats:
         _fail("report", ValueError(f"unknown --format {output_format!r}; allowed: {', '.join(formats)}"))
     if table and plot and output:
-        _fail("report", ValueError("--output names the table file or the plots directory: use it with --table or --plot, not both"))
+        _fail(
+            "report",
+            ValueError("--output names the table file or the plots directory: use it with --table or --plot, not both"),
+        )
     with _open_store("report", db) as store:
         try:
             _reconcile("report", store, store.runs(sweep=sweep_name), address, runs_dir)  # runs that ended unwatched
             if table or not plot:
-                fmt = output_format or (rp.FORMAT_BY_SUFFIX.get(Path(output).suffix.lower(), "table") if output else "table")
+                fmt = output_format or (
+                    rp.FORMAT_BY_SUFFIX.get(Path(output).suffix.lower(), "table") if output else "table"
+                )
                 wanted = [b.strip() for b in benchmarks.split(",") if b.strip()] if benchmarks else None
                 built = rp.build_table(store, sweep_name, metric, wanted, compare_paper, select_on, scorer)
                 text = rp.RENDERERS[fmt](built) if fmt != "table" else _render_report_table(built, to_text=bool(output))
@@ -417,7 +656,9 @@ def report(
                 elif text:
                     typer.echo(text, nl=False)
             if plot:
-                names = [m.strip() for m in metrics.split(",") if m.strip()] if metrics else list(rp.DEFAULT_PLOT_METRICS)
+                names = (
+                    [m.strip() for m in metrics.split(",") if m.strip()] if metrics else list(rp.DEFAULT_PLOT_METRICS)
+                )
                 fig = rp.plot_training(store, sweep_name, names, smooth, strict=metrics is not None, per_seed=per_seed)
                 for path in rp.save_figure(fig, output or "runs/plots", f"training-{sweep_name or 'all'}"):
                     typer.echo(f"wrote {path}")
@@ -427,15 +668,43 @@ def report(
 
 @_command()
 def compare(
-    a: str = typer.Argument(..., metavar="A", help="The baseline: a method as `rpg report` names it (GRPO, 'RPG-REINFORCE-URKL (clip 0.1/0.1)'), run ids or names (comma-separated), or a spec filter FIELD=VALUE[&FIELD=VALUE...]."),
+    a: str = typer.Argument(
+        ...,
+        metavar="A",
+        help="The baseline: a method as `rpg report` names it (GRPO, 'RPG-REINFORCE-URKL (clip 0.1/0.1)'), run ids or names (comma-separated), or a spec filter FIELD=VALUE[&FIELD=VALUE...].",
+    ),
     b: str = typer.Argument(..., metavar="B", help="The challenger, given the same ways: the differences are B - A."),
-    sweep_name: str = typer.Option(None, "--sweep", metavar="NAME", help="Only this sweep's runs (default: every run in the store)."),
-    where: list[str] = typer.Option(None, "--where", metavar="FIELD=VALUE", help="Only runs whose spec matches, on both sides (as `rpg runs --where`). Repeatable."),
-    step: str = typer.Option("last", "--step", metavar="last|N", help="Each run's final evaluated step, or step N of every run."),
-    metric: str = typer.Option("mean@k", "--metric", metavar="METRIC", help="mean@K or pass@K (per problem, from `rpg eval` samples), maj@K (benchmark means); K=k: the largest k scored."),
-    scorer: str = typer.Option(None, "--scorer", metavar="SCORER", help="`rpg eval` scorer (default: the one with the most scores)."),
-    benchmarks: str = typer.Option(None, "--benchmarks", "-b", metavar="B[,B]", help="Benchmarks to compare on (default: every one scored for all runs of both sides)."),
-    output_format: str = typer.Option("text", "--format", metavar="text|json", help="Lines for a terminal, or everything as JSON."),
+    sweep_name: str = typer.Option(
+        None, "--sweep", metavar="NAME", help="Only this sweep's runs (default: every run in the store)."
+    ),
+    where: list[str] = typer.Option(
+        None,
+        "--where",
+        metavar="FIELD=VALUE",
+        help="Only runs whose spec matches, on both sides (as `rpg runs --where`). Repeatable.",
+    ),
+    step: str = typer.Option(
+        "last", "--step", metavar="last|N", help="Each run's final evaluated step, or step N of every run."
+    ),
+    metric: str = typer.Option(
+        "mean@k",
+        "--metric",
+        metavar="METRIC",
+        help="mean@K or pass@K (per problem, from `rpg eval` samples), maj@K (benchmark means); K=k: the largest k scored.",
+    ),
+    scorer: str = typer.Option(
+        None, "--scorer", metavar="SCORER", help="`rpg eval` scorer (default: the one with the most scores)."
+    ),
+    benchmarks: str = typer.Option(
+        None,
+        "--benchmarks",
+        "-b",
+        metavar="B[,B]",
+        help="Benchmarks to compare on (default: every one scored for all runs of both sides).",
+    ),
+    output_format: str = typer.Option(
+        "text", "--format", metavar="text|json", help="Lines for a terminal, or everything as JSON."
+    ),
     db: str = typer.Option(None, "--db", metavar="URL", help=_DB_HELP),
 ) -> None:
     """Say whether B beats A: the paired difference B - A per benchmark and overall, with its 95% interval.
@@ -583,10 +852,24 @@ def _reconcile(command: str, store, runs: list, address: str | None, runs_dir: s
 @_command("runs")
 def runs_command(
     sweep_name: str = typer.Option(None, "--sweep", metavar="NAME", help="Only this sweep's runs."),
-    status: str = typer.Option(None, "--status", metavar="STATE[,STATE]", help="Only runs in these states: pending, submitted, running, succeeded, failed, stopped."),
-    where: list[str] = typer.Option(None, "--where", metavar="FIELD=VALUE", help="Only runs whose spec matches: FIELD=V[,V...] or FIELD!=V; dotted paths reach nested fields (clip.eps_low=0.1). Repeatable; all must hold."),
-    output_format: str = typer.Option("table", "--format", metavar="table|csv|json", help="A terminal table, or every column as CSV or JSON."),
-    wide: bool = typer.Option(False, "--wide", metavar="", help="Show each failure reason whole instead of its first 60 characters."),
+    status: str = typer.Option(
+        None,
+        "--status",
+        metavar="STATE[,STATE]",
+        help="Only runs in these states: pending, submitted, running, succeeded, failed, stopped.",
+    ),
+    where: list[str] = typer.Option(
+        None,
+        "--where",
+        metavar="FIELD=VALUE",
+        help="Only runs whose spec matches: FIELD=V[,V...] or FIELD!=V; dotted paths reach nested fields (clip.eps_low=0.1). Repeatable; all must hold.",
+    ),
+    output_format: str = typer.Option(
+        "table", "--format", metavar="table|csv|json", help="A terminal table, or every column as CSV or JSON."
+    ),
+    wide: bool = typer.Option(
+        False, "--wide", metavar="", help="Show each failure reason whole instead of its first 60 characters."
+    ),
     db: str = typer.Option(None, "--db", metavar="URL", help=_DB_HELP),
     address: str = typer.Option(None, "--address", metavar="ADDRESS", help=_ADDRESS_HELP),
     runs_dir: str = typer.Option("runs", "--runs-dir", metavar="PATH", help=_RUNS_DIR_HELP),
@@ -641,8 +924,23 @@ def runs_command(
 
     table = Table(title=f"runs of {sweep_name}" if sweep_name else "runs")
     numeric = ("seed", "attempts", "step", "reward", "val acc", "wall")
-    for column in ("sweep", "name", "id", "seed", "status", "attempts", "step", "reward", "val acc", "wall", "started (UTC)", "error"):
-        table.add_column(column, justify="right" if column in numeric else "left", no_wrap=column not in ("name", "error"))
+    for column in (
+        "sweep",
+        "name",
+        "id",
+        "seed",
+        "status",
+        "attempts",
+        "step",
+        "reward",
+        "val acc",
+        "wall",
+        "started (UTC)",
+        "error",
+    ):
+        table.add_column(
+            column, justify="right" if column in numeric else "left", no_wrap=column not in ("name", "error")
+        )
     cut = 0
     for r in rows:
         error = _error_line(r["error"], width=None if wide else 60)
@@ -681,7 +979,11 @@ def logs_command(
     with _open_store("logs", db) as store:
         found = store.resolve(run)
         if len(found) != 1:
-            why = "is not a run id, id prefix, name or sweep in the store" if not found else f"names {len(found)} runs (a sweep?)"
+            why = (
+                "is not a run id, id prefix, name or sweep in the store"
+                if not found
+                else f"names {len(found)} runs (a sweep?)"
+            )
             _fail("logs", LookupError(f"{run!r} {why}; give one run's id or name (`rpg runs` lists them)"))
         _reconcile("logs", store, found, address, runs_dir, quiet=True)  # a finished job's log is saved as job.log
         record = store.run(found[0].id)
@@ -696,7 +998,9 @@ def logs_command(
 
 @_command("cancel")
 def cancel_command(
-    ref: str = typer.Argument(..., metavar="RUN|SWEEP", help="A run id, id prefix or name, or a sweep name (all its runs)."),
+    ref: str = typer.Argument(
+        ..., metavar="RUN|SWEEP", help="A run id, id prefix or name, or a sweep name (all its runs)."
+    ),
     db: str = typer.Option(None, "--db", metavar="URL", help=_DB_HELP),
     address: str = typer.Option(None, "--address", metavar="ADDRESS", help=_ADDRESS_HELP),
     runs_dir: str = typer.Option("runs", "--runs-dir", metavar="PATH", help=_RUNS_DIR_HELP),
@@ -729,7 +1033,9 @@ def cancel_command(
 def stop_command(
     runs_dir: str = typer.Option("runs", "--runs-dir", metavar="PATH", help=_RUNS_DIR_HELP),
     db: str = typer.Option(None, "--db", metavar="URL", help=_DB_HELP),
-    force: bool = typer.Option(False, "--force", metavar="", help="Stop it even while jobs run on it (they die with it)."),
+    force: bool = typer.Option(
+        False, "--force", metavar="", help="Stop it even while jobs run on it (they die with it)."
+    ),
 ) -> None:
     """Stop the local Ray head that `rpg sweep` and `rpg eval` started under --runs-dir.
 
@@ -763,7 +1069,9 @@ def _progress_table(snapshot):
 
     table = Table(title=f"sweep {snapshot.sweep}", caption=_progress_caption(snapshot))
     for column in ("name", "id", "status", "attempt", "step", "reward", "error"):
-        table.add_column(column, justify="right" if column in ("attempt", "step", "reward") else "left", no_wrap=column != "error")
+        table.add_column(
+            column, justify="right" if column in ("attempt", "step", "reward") else "left", no_wrap=column != "error"
+        )
     for r in snapshot.runs:
         table.add_row(r.name, r.id, _status_text(r.status), str(r.attempts), "-" if r.step is None else str(r.step),
                       "-" if r.reward is None else f"{r.reward:.4f}", _error_line(r.error, 50))  # fmt: skip
@@ -813,7 +1121,11 @@ def _watch_sweep(
         refuse_bad_inputs(checks, len(plans))
     except (StoreError, PreflightError) as e:
         _fail("sweep", e)
-    where = address or os.environ.get("RAY_ADDRESS") or f"the local Ray head in {runs_dir}/ray (started on first use, ~15 s)"
+    where = (
+        address
+        or os.environ.get("RAY_ADDRESS")
+        or f"the local Ray head in {runs_dir}/ray (started on first use, ~15 s)"
+    )
     _warn("sweep", f"{sweep_name}: {len(plans)} runs; connecting to {where}")
     try:
         if live is not None:
@@ -840,13 +1152,29 @@ def _watch_sweep(
 @_command("export")
 def export_command(
     to: str = typer.Option(..., "--to", metavar="wandb|tensorboard|mlflow", help="The tracker to push to."),
-    sweep_name: str = typer.Option(None, "--sweep", metavar="NAME", help="Only this sweep's runs (default: every run in the store)."),
+    sweep_name: str = typer.Option(
+        None, "--sweep", metavar="NAME", help="Only this sweep's runs (default: every run in the store)."
+    ),
     db: str = typer.Option(None, "--db", metavar="URL", help=_DB_HELP),
-    project: str = typer.Option(None, "--project", help="W&B project / MLflow experiment (default: the run's trackers.project, else rpg)."),
-    directory: str = typer.Option(None, "--dir", metavar="DIR", help="TensorBoard log root (default: runs/tensorboard); W&B writes its files under DIR/wandb/ (default: runs/wandb/)."),
-    tracking_uri: str = typer.Option(None, "--tracking-uri", metavar="URI", help="MLflow tracking URI (default: $MLFLOW_TRACKING_URI, else sqlite:///runs/mlflow.db). Credentials go in MLFLOW_TRACKING_USERNAME/PASSWORD or _TOKEN."),
+    project: str = typer.Option(
+        None, "--project", help="W&B project / MLflow experiment (default: the run's trackers.project, else rpg)."
+    ),
+    directory: str = typer.Option(
+        None,
+        "--dir",
+        metavar="DIR",
+        help="TensorBoard log root (default: runs/tensorboard); W&B writes its files under DIR/wandb/ (default: runs/wandb/).",
+    ),
+    tracking_uri: str = typer.Option(
+        None,
+        "--tracking-uri",
+        metavar="URI",
+        help="MLflow tracking URI (default: $MLFLOW_TRACKING_URI, else sqlite:///runs/mlflow.db). Credentials go in MLFLOW_TRACKING_USERNAME/PASSWORD or _TOKEN.",
+    ),
     entity: str = typer.Option(None, "--entity", help="W&B entity (default: $WANDB_ENTITY, else your default entity)."),
-    offline: bool = typer.Option(False, "--offline", help="W&B offline: write run files to upload later with `wandb sync`."),
+    offline: bool = typer.Option(
+        False, "--offline", help="W&B offline: write run files to upload later with `wandb sync`."
+    ),
 ) -> None:
     """Push what the results store holds to W&B, TensorBoard or MLflow, for runs not tracked live.
 
@@ -871,15 +1199,25 @@ def export_command(
     from rpg_cli.trackers import TrackerError
     from rpg_cli.trackers.export import ExportOptions, export
 
-    options = ExportOptions(project=project, directory=Path(directory) if directory else None,
-                            tracking_uri=tracking_uri, entity=entity, offline=offline)
+    options = ExportOptions(
+        project=project,
+        directory=Path(directory) if directory else None,
+        tracking_uri=tracking_uri,
+        entity=entity,
+        offline=offline,
+    )
     try:
         store = open_store(db or DEFAULT_DB_URL, create=False)
     except StoreError as e:
         _fail("export", e)
     try:
-        done = export(store, to, sweep_name, options,
-                      on_run=lambda r: typer.echo(f"{r.sweep}/{r.name}: {r.steps} steps -> {r.where}"))
+        done = export(
+            store,
+            to,
+            sweep_name,
+            options,
+            on_run=lambda r: typer.echo(f"{r.sweep}/{r.name}: {r.steps} steps -> {r.where}"),
+        )
     except (TrackerError, StoreError) as e:
         _fail("export", e)
     finally:

@@ -42,7 +42,9 @@ class Finding:
 def check_run(spec: ExperimentSpec) -> list[Finding]:
     """Every finding about the inputs of `spec`: its data files, its model, and its prompts' lengths
     against the context's prompt length and the model's positions."""
-    files = [("data.train_files", f) for f in spec.data.train_files] + [("data.val_files", f) for f in spec.data.val_files]
+    files = [("data.train_files", f) for f in spec.data.train_files] + [
+        ("data.val_files", f) for f in spec.data.val_files
+    ]
     findings: list[Finding] = []
     readable = []
     for key, name in files:
@@ -72,7 +74,9 @@ def check_data_file(key: str, name: str) -> list[Finding]:
     try:
         columns, rows = _parquet_schema(str(path.resolve()), *_stamp(path))
     except (OSError, ValueError) as exc:
-        return [Finding(key, f"{name} is not a readable parquet file ({exc}); write it with `rpg prepare-data`", error=True)]
+        return [
+            Finding(key, f"{name} is not a readable parquet file ({exc}); write it with `rpg prepare-data`", error=True)
+        ]
     missing = [c for c in REQUIRED_COLUMNS if c not in columns]
     if missing:
         return [Finding(key, f"{name} lacks the column(s) verl needs: {', '.join(missing)}; write it with "
@@ -96,7 +100,10 @@ def _parquet_schema(path: str, _mtime_ns: int, _size: int) -> tuple[frozenset[st
     try:
         meta = pq.read_metadata(path)
         schema = meta.schema.to_arrow_schema()
-    except (pa.ArrowException, OSError) as exc:  # pyarrow's message ends in a hint at the cause; the first clause is enough
+    except (
+        pa.ArrowException,
+        OSError,
+    ) as exc:  # pyarrow's message ends in a hint at the cause; the first clause is enough
         raise ValueError(str(exc).split(". ")[0].rstrip(".")) from None
     columns: set[str] = set()
 
@@ -229,7 +236,9 @@ class _PromptCounter:
 
     def __init__(self, model_dir: Path):
         if not (model_dir / "tokenizer.json").is_file():
-            raise _CannotCount(f"{model_dir} has no tokenizer.json (only a fast tokenizer is read without transformers)")
+            raise _CannotCount(
+                f"{model_dir} has no tokenizer.json (only a fast tokenizer is read without transformers)"
+            )
         try:
             from tokenizers import Tokenizer
         except ImportError:
@@ -301,7 +310,9 @@ class _PromptCounter:
             def raise_exception(message: str) -> None:
                 raise jinja2.exceptions.TemplateError(message)
 
-            env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True, extensions=[jinja2.ext.loopcontrols])
+            env = ImmutableSandboxedEnvironment(
+                trim_blocks=True, lstrip_blocks=True, extensions=[jinja2.ext.loopcontrols]
+            )
             env.filters["tojson"] = lambda x, indent=None, **kw: json.dumps(x, ensure_ascii=False, indent=indent)
             env.globals["raise_exception"] = raise_exception
             env.globals["strftime_now"] = lambda fmt: datetime.now().strftime(fmt)

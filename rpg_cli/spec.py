@@ -23,10 +23,20 @@ import json
 import re
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, Any, Literal, Union
+from typing import TYPE_CHECKING, Annotated, Any, Literal
 
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, PrivateAttr, TypeAdapter, ValidationError
-from pydantic import field_validator, model_serializer, model_validator
+from pydantic import (
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    PrivateAttr,
+    TypeAdapter,
+    ValidationError,
+    field_validator,
+    model_serializer,
+    model_validator,
+)
 
 if TYPE_CHECKING:
     from pydantic.fields import FieldInfo
@@ -123,8 +133,9 @@ class Every(_Frozen):
         return {k: v for k, v in handler(self).items() if v is not None}
 
     def _given(self) -> dict[str, Any]:
-        return {k: v for k, v in (("every", self.every), ("kl_target", self.kl_target), ("ema", self.ema))
-                if v is not None}
+        return {
+            k: v for k, v in (("every", self.every), ("kl_target", self.kl_target), ("ema", self.ema)) if v is not None
+        }
 
 
 class Data(_Frozen):
@@ -198,9 +209,11 @@ class MlflowTracker(_Frozen):
         from urllib.parse import urlsplit
 
         if uri and "://" in uri and (urlsplit(uri).password or urlsplit(uri).username):
-            raise ValueError("credentials in the URI would be written to spec.json and the store; allowed: a URI "
-                             "without user:password@ (set MLFLOW_TRACKING_USERNAME/PASSWORD or MLFLOW_TRACKING_TOKEN "
-                             "where the run runs)")
+            raise ValueError(
+                "credentials in the URI would be written to spec.json and the store; allowed: a URI "
+                "without user:password@ (set MLFLOW_TRACKING_USERNAME/PASSWORD or MLFLOW_TRACKING_TOKEN "
+                "where the run runs)"
+            )
         return uri
 
 
@@ -228,7 +241,7 @@ class Trackers(_Frozen):
     mlflow: MlflowTracker | None = None
 
 
-TrackersSetting = Annotated[Union[Trackers, None], BeforeValidator(_trackers_form)]
+TrackersSetting = Annotated[Trackers | None, BeforeValidator(_trackers_form)]
 
 
 def _clip_off(value: Any) -> Any:
@@ -255,11 +268,11 @@ def _switch(value: Any) -> Any:
     return _clip_off(value)
 
 
-ClipSetting = Annotated[Union[Clip, None], BeforeValidator(_clip_off)]
-DynamicSamplingSetting = Annotated[Union[DynamicSampling, None], BeforeValidator(_switch)]
-OverlongSetting = Annotated[Union[Overlong, None], BeforeValidator(_switch)]
+ClipSetting = Annotated[Clip | None, BeforeValidator(_clip_off)]
+DynamicSamplingSetting = Annotated[DynamicSampling | None, BeforeValidator(_switch)]
+OverlongSetting = Annotated[Overlong | None, BeforeValidator(_switch)]
 # Every first: for a mapping, pydantic's first error is then Every's own, with the sub-field's path
-Reference = Annotated[Union[Every, Literal["iterative", "frozen"]], BeforeValidator(_reference_form)]
+Reference = Annotated[Every | Literal["iterative", "frozen"], BeforeValidator(_reference_form)]
 
 
 class ReferenceTracker:
@@ -310,8 +323,12 @@ class ReferenceTracker:
         self.ema = (1 - self.alpha) * self.ema + self.alpha * self.kl
 
     def metrics(self, step: int) -> dict[str, float]:
-        return {"ref/resets": float(self.resets), "ref/steps_since_reset": float(step - self.born),
-                "ref/kl": self.kl, "ref/kl_ema": self.ema}
+        return {
+            "ref/resets": float(self.resets),
+            "ref/steps_since_reset": float(step - self.born),
+            "ref/kl": self.kl,
+            "ref/kl_ema": self.ema,
+        }
 
     def state_dict(self) -> dict[str, float]:
         return {"resets": self.resets, "born": self.born, "ema": self.ema, "kl": self.kl}
@@ -387,11 +404,12 @@ class ExperimentSpec(_Frozen):
             raise SpecError(f"only grpo clamps its KL term (got {alg}); allowed: true", "kl_clamp")
         if self.kl_loss is not None and alg not in KL_LOSS_ALGORITHMS:
             why = "has its KL term in the loss already (beta)" if alg != "dapo" else "has no KL term"
-            raise SpecError(f"{alg} {why}; allowed: null (a KL loss is for {', '.join(KL_LOSS_ALGORITHMS)})",
-                            "kl_loss")
+            raise SpecError(f"{alg} {why}; allowed: null (a KL loss is for {', '.join(KL_LOSS_ALGORITHMS)})", "kl_loss")
         if self.clip is not None and self.clip.clipped_weight_in_sg and alg != "rpg_reinforce":
-            raise SpecError(f"the clipped weight inside stop-gradient (Remark F.2) is rpg_reinforce's (got {alg}); "
-                            "allowed: false", "clip.clipped_weight_in_sg")
+            raise SpecError(
+                f"the clipped weight inside stop-gradient (Remark F.2) is rpg_reinforce's (got {alg}); allowed: false",
+                "clip.clipped_weight_in_sg",
+            )
         if self.clip is None and alg not in RPG_ALGORITHMS:
             raise SpecError(
                 f"{alg} needs a clip; allowed: {{eps_low, eps_high, c}} (off only for rpg, rpg_reinforce)", "clip"
@@ -399,8 +417,11 @@ class ExperimentSpec(_Frozen):
         if alg == "dapo" and self.beta != 0:
             raise SpecError(f"dapo has no KL term (got {self.beta!r}); allowed: 0", "beta")
         if alg == "dapo" and self.reference != "iterative":
-            raise SpecError(f"dapo has no KL term, so no reference model (got {self.reference!r}); "
-                            "allowed: iterative (the default, which loads nothing)", "reference")
+            raise SpecError(
+                f"dapo has no KL term, so no reference model (got {self.reference!r}); "
+                "allowed: iterative (the default, which loads nothing)",
+                "reference",
+            )
         if self.train_batch_size % self.ppo_mini_batch_size:
             raise SpecError(
                 f"{self.ppo_mini_batch_size} does not divide train_batch_size {self.train_batch_size}; "
@@ -517,8 +538,12 @@ class ValidationCost:
         return None if self.problems is None else self.problems * self.samples_per_problem
 
     def as_dict(self) -> dict[str, int | None]:
-        return {"problems": self.problems, "samples_per_problem": self.samples_per_problem,
-                "generations_per_validation": self.generations, "validations_per_run": self.validations}
+        return {
+            "problems": self.problems,
+            "samples_per_problem": self.samples_per_problem,
+            "generations_per_validation": self.generations,
+            "validations_per_run": self.validations,
+        }
 
 
 def validation_cost(spec: ExperimentSpec | dict[str, Any]) -> ValidationCost | None:
@@ -555,8 +580,10 @@ def _count_problems(path: str, mtime_ns: int, size: int) -> ProblemCount | None:
         import pyarrow.parquet as pq
 
         table = pq.ParquetFile(path).read(columns=["prompt", "reward_model"])  # read_table would import pandas
-        keys = {json.dumps([row["prompt"], (row["reward_model"] or {}).get("ground_truth")], sort_keys=True)
-                for row in table.to_pylist()}
+        keys = {
+            json.dumps([row["prompt"], (row["reward_model"] or {}).get("ground_truth")], sort_keys=True)
+            for row in table.to_pylist()
+        }
     except Exception:  # not a verl parquet: the run's own checks say so; here it is just not counted
         return None
     return ProblemCount(table.num_rows, len(keys))
@@ -619,18 +646,26 @@ def expand_sweep(sweep: SweepSpec, backend: str | None = None) -> list[Experimen
     _check_fragments(sweep)
     cells = _cells(sweep)
     if not cells:
-        raise SpecError("removes every grid combination and nothing is included; allowed: a sweep with runs",
-                        "exclude", sweep.source)
+        raise SpecError(
+            "removes every grid combination and nothing is included; allowed: a sweep with runs",
+            "exclude",
+            sweep.source,
+        )
     specs: dict[str, ExperimentSpec] = {}
     for index, (cell, explicit) in enumerate(cells, start=1):
         data, skipped = _merge(sweep.base, cell)
         where = f"cell {index} ({_label(data)})"
         for key in skipped:
             if key in explicit:
-                raise SpecError(f"sets {key.partition('.')[2]} of a {key.partition('.')[0]} that is off in this "
-                                f"cell (set in {explicit[key][1]}); allowed: drop it, or turn "
-                                f"{key.partition('.')[0]} on", key, sweep.source, where)
-        data = _collapse(data, keep=lambda path: _written(explicit, path) is not None)
+                raise SpecError(
+                    f"sets {key.partition('.')[2]} of a {key.partition('.')[0]} that is off in this "
+                    f"cell (set in {explicit[key][1]}); allowed: drop it, or turn "
+                    f"{key.partition('.')[0]} on",
+                    key,
+                    sweep.source,
+                    where,
+                )
+        data = _collapse(data, keep=lambda path, explicit=explicit: _written(explicit, path) is not None)
         if backend is not None:
             data["backend"] = backend
         try:
@@ -677,7 +712,7 @@ def _written(explicit: Explicit, path: str) -> str | None:
         if path == key or key.startswith(path + "."):
             return where
         if path.startswith(key + "."):
-            rest = path[len(key) + 1:].split(".")
+            rest = path[len(key) + 1 :].split(".")
             for part in rest:
                 if not isinstance(value, dict) or part not in value:
                     break
@@ -744,9 +779,13 @@ def _collapse(data: dict[str, Any], keep: Any = lambda path: False) -> dict[str,
     if alg not in KL_LOSS_ALGORITHMS:
         neutral("kl_loss", None)
     clip = data.get("clip")
-    if alg != "rpg_reinforce" and isinstance(clip, dict) and "clipped_weight_in_sg" in clip:
-        if not keep("clip.clipped_weight_in_sg"):
-            data["clip"] = {k: v for k, v in clip.items() if k != "clipped_weight_in_sg"}
+    if (
+        alg != "rpg_reinforce"
+        and isinstance(clip, dict)
+        and "clipped_weight_in_sg" in clip
+        and not keep("clip.clipped_weight_in_sg")
+    ):
+        data["clip"] = {k: v for k, v in clip.items() if k != "clipped_weight_in_sg"}
     if alg == "dapo":
         neutral("beta", 0.0)
         neutral("reference", "iterative")
@@ -867,9 +906,14 @@ def _from_pydantic(err: dict[str, Any], root: type[BaseModel] | None) -> SpecErr
         return SpecError(f"got {got!r}; allowed: {ctx.get('expected', '?')}", path)
     if kind == "value_error":
         return SpecError(str(ctx.get("error", err["msg"])), path)
-    bounds = {"greater_than": "> {gt}", "greater_than_equal": ">= {ge}", "less_than": "< {lt}",
-              "less_than_equal": "<= {le}", "too_short": "at least {min_length} item(s)",
-              "string_pattern_mismatch": "text matching {pattern}"}
+    bounds = {
+        "greater_than": "> {gt}",
+        "greater_than_equal": ">= {ge}",
+        "less_than": "< {lt}",
+        "less_than_equal": "<= {le}",
+        "too_short": "at least {min_length} item(s)",
+        "string_pattern_mismatch": "text matching {pattern}",
+    }
     if kind in bounds:
         return SpecError(f"got {got!r}; allowed: {bounds[kind].format(**{k: _num(v) for k, v in ctx.items()})}", path)
     message = err["msg"].removeprefix("Input should be ")
@@ -893,7 +937,9 @@ def _loc_path(loc: tuple) -> str:
     for part in loc:
         if isinstance(part, int):
             path += f"[{part}]"
-        elif part in ("Clip", "Every", "DynamicSampling", "Overlong", "KLLoss") or part.startswith(("literal[", "function-")):
+        elif part in ("Clip", "Every", "DynamicSampling", "Overlong", "KLLoss") or part.startswith(
+            ("literal[", "function-")
+        ):
             continue  # union-member tags, not fields
         else:
             path = _join_path(path, part)
@@ -914,8 +960,9 @@ def _read_yaml(path: Path) -> Any:
     try:
         text = path.read_text(encoding="utf-8")
     except FileNotFoundError:
-        raise SpecError("no such file; pass the path of a spec YAML (the paper's are in experiments/)",
-                        source=str(path)) from None
+        raise SpecError(
+            "no such file; pass the path of a spec YAML (the paper's are in experiments/)", source=str(path)
+        ) from None
     except OSError as e:
         raise SpecError(f"cannot read: {e.strerror}", source=str(path)) from None
     import yaml
@@ -923,8 +970,9 @@ def _read_yaml(path: Path) -> Any:
     try:
         data = yaml.load(text, Loader=_loader())
     except _DuplicateKey as e:
-        raise SpecError(f"line {e.problem_mark.line + 1}: {e.problem}; allowed: each key once per mapping",
-                        source=str(path)) from None
+        raise SpecError(
+            f"line {e.problem_mark.line + 1}: {e.problem}; allowed: each key once per mapping", source=str(path)
+        ) from None
     except yaml.YAMLError as e:
         mark = getattr(e, "problem_mark", None)
         where = f"line {mark.line + 1}: " if mark is not None else ""
@@ -967,8 +1015,12 @@ def _loader() -> type:
                 if key_node.tag == "tag:yaml.org,2002:merge" or not isinstance(key_node, yaml.ScalarNode):
                     continue
                 if key_node.value in seen:
-                    raise DuplicateKey(None, None, f"duplicate key {key_node.value!r} (first on line "
-                                       f"{seen[key_node.value]})", key_node.start_mark)
+                    raise DuplicateKey(
+                        None,
+                        None,
+                        f"duplicate key {key_node.value!r} (first on line {seen[key_node.value]})",
+                        key_node.start_mark,
+                    )
                 seen[key_node.value] = key_node.start_mark.line + 1
             yield from yaml.constructor.SafeConstructor.construct_yaml_map(loader, node)
 

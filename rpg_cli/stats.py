@@ -123,11 +123,15 @@ class Runs:
             if a.ndim != 2 or a.size == 0:
                 raise StatsError(f"{bench}: scores must be a non-empty (seeds, problems) array, got shape {a.shape}")
             if not np.all((a >= 0) & (a <= 1)):  # also rejects NaN
-                raise StatsError(f"{bench}: scores must be per-problem accuracies in [0, 1] (found {a[~((a >= 0) & (a <= 1))][0]})")
+                raise StatsError(
+                    f"{bench}: scores must be per-problem accuracies in [0, 1] (found {a[~((a >= 0) & (a <= 1))][0]})"
+                )
             arrays[bench] = a
         n_rows = {bench: a.shape[0] for bench, a in arrays.items()}
         if len(set(n_rows.values())) > 1:
-            raise StatsError(f"every benchmark needs a row per run (seed), got {n_rows}; drop runs not scored on every benchmark")
+            raise StatsError(
+                f"every benchmark needs a row per run (seed), got {n_rows}; drop runs not scored on every benchmark"
+            )
         n_seeds = next(iter(n_rows.values()))
         seeds = tuple(int(s) for s in self.seeds) or tuple(range(n_seeds))
         if len(seeds) != n_seeds or len(set(seeds)) != n_seeds:
@@ -136,10 +140,14 @@ class Runs:
         if self.problems is not None:
             problems = {bench: tuple(str(p) for p in ids) for bench, ids in self.problems.items()}
             if set(problems) != set(arrays):
-                raise StatsError(f"problems must name the columns of every benchmark ({sorted(arrays)}), got {sorted(problems)}")
+                raise StatsError(
+                    f"problems must name the columns of every benchmark ({sorted(arrays)}), got {sorted(problems)}"
+                )
             for bench, ids in problems.items():
                 if len(ids) != arrays[bench].shape[1] or len(set(ids)) != len(ids):
-                    raise StatsError(f"{bench}: {len(ids)} problem ids for {arrays[bench].shape[1]} columns (each id once)")
+                    raise StatsError(
+                        f"{bench}: {len(ids)} problem ids for {arrays[bench].shape[1]} columns (each id once)"
+                    )
         object.__setattr__(self, "scores", arrays)
         object.__setattr__(self, "seeds", seeds)
         object.__setattr__(self, "problems", problems)
@@ -226,7 +234,9 @@ class Comparison:
         d, p = self.difference, self.p_improvement
         verdict = {B_BETTER: f"{b} better", A_BETTER: f"{a} better"}.get(self.verdict, self.verdict)
         diff = f"{_fmt(d.estimate, scale, digits, signed=True)} {d.ci(scale, digits)}".rstrip()
-        prob = f"{p.estimate:.2f}" + (f" [{p.low:.2f}, {p.high:.2f}]" if p.low is not None and p.high is not None else "")
+        prob = f"{p.estimate:.2f}" + (
+            f" [{p.low:.2f}, {p.high:.2f}]" if p.low is not None and p.high is not None else ""
+        )
         return (f"{self.benchmark}: {b} - {a} = {diff}; P({b} > {a}) = {prob}; "
                 f"seeds for {POWER:.0%} power: {self.seeds_needed.text()}; {verdict}")  # fmt: skip
 
@@ -250,6 +260,7 @@ class Band:
 
     def records(self) -> list[dict[str, Any]]:
         """JSON/CSV rows; a missing band bound is None."""
+
         def num(x: float) -> float | None:
             return None if math.isnan(x) else float(x)
 
@@ -484,7 +495,9 @@ def _replicates_once(terms: Sequence[_Term], n_resamples: int, rng_seed: int) ->
     return functools.cache(lambda: _replicates(terms, n_resamples, rng_seed))
 
 
-def _score_interval(runs: Runs, benchmark: str, replicates: Callable[[], Mapping[str, np.ndarray]], confidence: float) -> Interval:
+def _score_interval(
+    runs: Runs, benchmark: str, replicates: Callable[[], Mapping[str, np.ndarray]], confidence: float
+) -> Interval:
     benches = runs.benchmarks(benchmark)
     term = _Term(1.0, "runs", "all", {b: runs.scores[b] for b in benches})
     n_problems = [runs.scores[b].shape[1] for b in benches]
@@ -531,7 +544,9 @@ def _aligned(a: Runs, b: Runs, benchmark: str) -> tuple[list[str], dict[str, np.
     have the same seeds (then paired)."""
     if benchmark == OVERALL and set(a.scores) != set(b.scores):
         only_a, only_b = sorted(set(a.scores) - set(b.scores)), sorted(set(b.scores) - set(a.scores))
-        raise StatsError(f"{OVERALL} needs the same benchmarks in A and B (only in A: {only_a}, only in B: {only_b}); compare one benchmark")
+        raise StatsError(
+            f"{OVERALL} needs the same benchmarks in A and B (only in A: {only_a}, only in B: {only_b}); compare one benchmark"
+        )
     benches = a.benchmarks(benchmark)
     b.benchmarks(benchmark)
     seeds_paired = sorted(a.seeds) == sorted(b.seeds)
@@ -547,7 +562,9 @@ def _aligned(a: Runs, b: Runs, benchmark: str) -> tuple[list[str], dict[str, np.
             position = {p: i for i, p in enumerate(ids_b)}
             yb = yb[:, [position[p] for p in ids_a]]
         elif ya.shape[1] != yb.shape[1]:
-            raise StatsError(f"{bench}: A has {ya.shape[1]} problems, B has {yb.shape[1]}; compare on the same problem set")
+            raise StatsError(
+                f"{bench}: A has {ya.shape[1]} problems, B has {yb.shape[1]}; compare on the same problem set"
+            )
         a_blocks[bench], b_blocks[bench] = ya, yb
     return benches, a_blocks, b_blocks, seeds_paired
 
@@ -611,7 +628,10 @@ def p_improvement(a: Runs, b: Runs, benchmark: str = OVERALL, *, n_resamples: in
     reps = np.zeros(n_resamples)
     for k in benches:
         s_b, s_a, n_p = wins[k].shape
-        v, flat_wins = _resample_weights(rng_seed, f"problems/all/{k}", n_resamples, n_p), wins[k].reshape(s_b * s_a, n_p).T
+        v, flat_wins = (
+            _resample_weights(rng_seed, f"problems/all/{k}", n_resamples, n_p),
+            wins[k].reshape(s_b * s_a, n_p).T,
+        )
         for start, stop in _blocks(n_resamples):
             # per resample: the problem-weighted win rate of every (B run, A run) pair, then the run-weighted mean
             per_pair = (v[start:stop] @ flat_wins).reshape(stop - start, s_b, s_a)
@@ -620,7 +640,9 @@ def p_improvement(a: Runs, b: Runs, benchmark: str = OVERALL, *, n_resamples: in
     return Interval(estimate, float(low), float(high), min(a.n_seeds, b.n_seeds), n_problems, resampled, confidence)
 
 
-def seeds_needed(a: Runs, b: Runs, benchmark: str = OVERALL, *, power: float = POWER, alpha: float = ALPHA) -> SeedsNeeded:
+def seeds_needed(
+    a: Runs, b: Runs, benchmark: str = OVERALL, *, power: float = POWER, alpha: float = ALPHA
+) -> SeedsNeeded:
     """Seeds per method for the observed B - A to be detected at `power` by a two-sided test at level
     `alpha` (MATH.md section 8, the paired comparison), on the same problems.
 

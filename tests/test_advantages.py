@@ -18,8 +18,14 @@ def test_grpo_advantage_by_hand():
     adv = A.grpo_advantage(scores, groups)
     std_a = statistics.stdev([1, 0, 0, 1])  # unbiased
     std_b = statistics.stdev([1, 0])
-    expected = [0.5 / (std_a + 1e-6), -0.5 / (std_a + 1e-6), -0.5 / (std_a + 1e-6), 0.5 / (std_a + 1e-6),
-                0.5 / (std_b + 1e-6), -0.5 / (std_b + 1e-6)]
+    expected = [
+        0.5 / (std_a + 1e-6),
+        -0.5 / (std_a + 1e-6),
+        -0.5 / (std_a + 1e-6),
+        0.5 / (std_a + 1e-6),
+        0.5 / (std_b + 1e-6),
+        -0.5 / (std_b + 1e-6),
+    ]
     assert adv.tolist() == pytest.approx(expected, abs=1e-12)
 
 

@@ -38,7 +38,9 @@ class Builder:
                                        run_dir=self.root / name, entrypoint=["true"]))  # fmt: skip
         return run_id
 
-    def evaluate(self, run_id: str, step: int, bench: str, correct: list[int], scorer: str = "dapo", **protocol) -> None:
+    def evaluate(
+        self, run_id: str, step: int, bench: str, correct: list[int], scorer: str = "dapo", **protocol
+    ) -> None:
         proto = {**PROTOCOL, **protocol}
         n = proto["n"]
         self.store.record_samples(
@@ -214,7 +216,10 @@ def test_compare_overall_and_step(build, db):
     [
         (["GRPO", "PPO"], "B: no method, run or filter 'PPO'; methods: DAPO, GRPO"),
         (["algorithm=rpg", "GRPO"], "A (algorithm=rpg): no run in scope matches this filter"),
-        (["GRPO", "DAPO", "--benchmarks", "aime24"], "benchmark aime24 is not scored for every run of A and B; common: toy_add"),
+        (
+            ["GRPO", "DAPO", "--benchmarks", "aime24"],
+            "benchmark aime24 is not scored for every run of A and B; common: toy_add",
+        ),
         (["GRPO", "DAPO", "--step", "x"], "--step 'x': expected last or a step number"),
     ],
 )

@@ -98,12 +98,16 @@ VERL_LINES = [
 ]  # fmt: skip
 
 
-def make_run(root: Path, model: Path, db: str, steps=(1, 2), layout: str = "local", record: bool = True) -> ExperimentSpec:
+def make_run(
+    root: Path, model: Path, db: str, steps=(1, 2), layout: str = "local", record: bool = True
+) -> ExperimentSpec:
     """runs/<sweep>/<run>/ with spec.json, checkpoints of `steps` and a metrics.jsonl with verl val keys."""
     spec = make_spec(model)
     run_dir = root / "runs" / "s1" / spec.run_name
     for step in steps:
-        where = run_dir / "checkpoints" / (f"step_{step}" if layout == "local" else f"global_step_{step}/actor/huggingface")
+        where = (
+            run_dir / "checkpoints" / (f"step_{step}" if layout == "local" else f"global_step_{step}/actor/huggingface")
+        )
         shutil.copytree(model, where)
     (run_dir / "spec.json").write_text(json.dumps(spec.canonical()))
     (run_dir / "metrics.jsonl").write_text("".join(json.dumps(line) + "\n" for line in VERL_LINES))
@@ -126,9 +130,16 @@ def query(db_file: Path, sql: str, *params):
         con.close()
 
 
-def evals(db_file: Path, run_id: str, scorer: str = "dapo", benchmark: str = "toy_add") -> dict[tuple[int, str, int], float]:
-    rows = query(db_file, "SELECT step, metric, k, value FROM evals WHERE run_id=? AND scorer=? AND benchmark=?",
-                 run_id, scorer, benchmark)
+def evals(
+    db_file: Path, run_id: str, scorer: str = "dapo", benchmark: str = "toy_add"
+) -> dict[tuple[int, str, int], float]:
+    rows = query(
+        db_file,
+        "SELECT step, metric, k, value FROM evals WHERE run_id=? AND scorer=? AND benchmark=?",
+        run_id,
+        scorer,
+        benchmark,
+    )
     return {(step, metric, k): value for step, metric, k, value in rows}
 
 
@@ -141,7 +152,9 @@ def recompute(samples: list[tuple[int, int, str | None, int]]) -> dict[tuple[str
     n = len(groups[0])
     out = {("mean@k", n): sum(sum(c for _, c in g) / n for g in groups) / len(groups)}
     for k in sorted({2**e for e in range(n.bit_length())} | {n}):
-        out[("pass@k", k)] = sum(1 - math.comb(n - sum(c for _, c in g), k) / math.comb(n, k) for g in groups) / len(groups)
+        out[("pass@k", k)] = sum(1 - math.comb(n - sum(c for _, c in g), k) / math.comb(n, k) for g in groups) / len(
+            groups
+        )
     maj = 0.0
     for g in groups:
         votes = Counter(a for a, _ in g if a is not None)
@@ -264,7 +277,9 @@ def test_steps_select_checkpoints(assets, tmp_path, count_generation):
     db = f"sqlite:///{db_file}"
     spec = make_run(tmp_path, assets["model"], db, steps=(1, 2, 3))
     options = EvalOptions(ref=spec.run_name, benchmarks=(str(assets["data"]),), db=db)
-    steps_of = lambda s: [c.step for c in plan_eval(EvalOptions(**{**options.__dict__, "steps": s})).targets[0].checkpoints]  # noqa: E731
+    steps_of = lambda s: [
+        c.step for c in plan_eval(EvalOptions(**{**options.__dict__, "steps": s})).targets[0].checkpoints
+    ]  # noqa: E731
     assert steps_of("last") == [3]
     assert steps_of("all") == [1, 2, 3]
     assert steps_of("3,1") == [1, 3]
@@ -296,7 +311,9 @@ def test_verl_checkpoint_layouts(assets, tmp_path):
     plan = plan_eval(EvalOptions(ref=str(run_dir), benchmarks=bench, db=db, steps="all"))
     (target,) = plan.targets
     assert target.run_id == spec.run_id and not target.known
-    assert [(c.step, c.path) for c in target.checkpoints] == [(5, run_dir / "checkpoints/global_step_5/actor/huggingface")]
+    assert [(c.step, c.path) for c in target.checkpoints] == [
+        (5, run_dir / "checkpoints/global_step_5/actor/huggingface")
+    ]
     with pytest.raises(EvalError, match="hf_model"):
         plan_eval(EvalOptions(ref=str(run_dir), benchmarks=bench, db=db))  # the last step has no HF weights
     for ref in ("global_step_5", "global_step_5/actor", "global_step_5/actor/huggingface"):

@@ -100,14 +100,21 @@ def test_a_job_killed_by_a_signal_says_so():
 @pytest.mark.parametrize(
     "log, reason",
     [
-        ("Traceback (most recent call last):\n  ...\nOSError: [Errno 28] No space left on device: "
-         "'/r/checkpoints/step_3/trainer_state.pt'\n", "disk full writing /r/checkpoints/step_3/trainer_state.pt: "),
+        (
+            "Traceback (most recent call last):\n  ...\nOSError: [Errno 28] No space left on device: "
+            "'/r/checkpoints/step_3/trainer_state.pt'\n",
+            "disk full writing /r/checkpoints/step_3/trainer_state.pt: ",
+        ),
         ("RuntimeError: [enforce fail at inline_container.cc:672] . unexpected pos 9216 vs 9110\n", "disk full: "),
-        ("safetensors_rust.SafetensorError: Error while serializing: I/O error: No space left on device (os error 28)",
-         "disk full: "),
+        (
+            "safetensors_rust.SafetensorError: Error while serializing: I/O error: No space left on device (os error 28)",
+            "disk full: ",
+        ),
         ("torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB\n", "GPU out of memory: "),
-        ("ray.exceptions.OutOfMemoryError: Task was killed due to the node running low on memory.\n",
-         "the machine ran out of memory"),
+        (
+            "ray.exceptions.OutOfMemoryError: Task was killed due to the node running low on memory.\n",
+            "the machine ran out of memory",
+        ),
         ("step 3\nValueError: bad value in the spec\n", "ValueError: bad value in the spec"),
     ],
 )
@@ -261,7 +268,10 @@ def test_passwords_in_urls_are_masked_in_what_rpg_prints(tmp_path):
     from rpg_cli.store.url import redact
 
     assert redact(f"cannot open {SECRET_URL} (x)") == "cannot open postgresql://alice:***@127.0.0.1:1/rpg (x)"
-    assert redact("postgresql://u:p@ss@h/db and sqlite:///runs/results.db") == "postgresql://u:***@h/db and sqlite:///runs/results.db"
+    assert (
+        redact("postgresql://u:p@ss@h/db and sqlite:///runs/results.db")
+        == "postgresql://u:***@h/db and sqlite:///runs/results.db"
+    )
     assert redact("http://127.0.0.1:8265 and https://user@host/x") == "http://127.0.0.1:8265 and https://user@host/x"
     result = rpg("sweep", str(REPO / "experiments" / "smoke.yaml"), "--dry-run", "--db", SECRET_URL, cwd=tmp_path)
     assert "alice:***@127.0.0.1" in result.stderr  # it said which store it could not read ...
@@ -281,7 +291,9 @@ def read_only_dir(tmp_path):
         yield path
         path.chmod(0o755)
         return
-    if subprocess.run(["mount", "-t", "tmpfs", "-o", "ro,size=64k", "tmpfs", str(path)], capture_output=True).returncode:
+    if subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", "ro,size=64k", "tmpfs", str(path)], capture_output=True
+    ).returncode:
         pytest.skip("root, and mounting a read-only tmpfs is not permitted here")
     yield path
     subprocess.run(["umount", "--lazy", str(path)], check=True)  # lazy: a writer may still hold a file
@@ -326,7 +338,8 @@ def test_prepare_data_onto_a_full_disk_is_one_line_naming_the_file(full_dir, tmp
     assert result.returncode == 2 and "Traceback" not in result.stderr, result.stderr
     assert result.stderr.strip().splitlines() == [
         f"rpg prepare-data: {full_dir / 'data' / 'mine.parquet'}: No space left on device; the disk is full: "
-        "free space there (df -h shows where), or write elsewhere"]
+        "free space there (df -h shows where), or write elsewhere"
+    ]
     assert not [p for p in full_dir.rglob("*") if p.is_file() and p.name != "filler"]  # nothing half-written
 
 
@@ -355,7 +368,9 @@ def scored_store(tmp_path: Path) -> str:
     store.record_plans([RunPlan(id="r1", name="grpo-r1", sweep="s", backend="local", spec=spec,
                                 run_dir=tmp_path / "runs" / "s" / "grpo-r1", entrypoint=["true"])], "s")  # fmt: skip
     metrics = tmp_path / "metrics.jsonl"
-    metrics.write_text("".join(json.dumps({"step": s, "data": {"critic/score/mean": s / 10}}) + "\n" for s in (1, 2, 3)))
+    metrics.write_text(
+        "".join(json.dumps({"step": s, "data": {"critic/score/mean": s / 10}}) + "\n" for s in (1, 2, 3))
+    )
     store.ingest_metrics("r1", metrics)
     store.record_evals([{"run_id": "r1", "step": 3, "benchmark": "aime24", "metric": "mean@32", "k": 32,
                          "value": 0.25, "scorer": "dapo", "scorer_version": "1", "n": 32,
@@ -396,7 +411,9 @@ def _refusing_writes(monkeypatch, under: Path, errno_: int) -> None:
     monkeypatch.setattr(os, "open", fake_open)
 
 
-@pytest.mark.parametrize("fault", ["read-only", "full", "read-only (simulated)", "full (simulated)", "no permission (simulated)"])
+@pytest.mark.parametrize(
+    "fault", ["read-only", "full", "read-only (simulated)", "full (simulated)", "no permission (simulated)"]
+)
 def test_report_output_that_cannot_be_written_is_one_line_and_leaves_nothing(fault, tmp_path, request, monkeypatch):
     import errno
 
@@ -449,12 +466,16 @@ def write_checked_inputs(root: Path) -> None:
     "change, expected",
     [
         ({"data": {"train_files": ["data/nowhere.parquet"]}}, "data.train_files: data/nowhere.parquet does not exist"),
-        ({"data": {"val_files": ["data/columns.parquet"]}},
-         "data.val_files: data/columns.parquet lacks the column(s) verl needs: prompt, reward_model.ground_truth, "
-         "data_source; write it with `rpg prepare-data`"),
+        (
+            {"data": {"val_files": ["data/columns.parquet"]}},
+            "data.val_files: data/columns.parquet lacks the column(s) verl needs: prompt, reward_model.ground_truth, "
+            "data_source; write it with `rpg prepare-data`",
+        ),
         ({"model": "data/toy/model"}, "model: data/toy/model does not exist"),
-        ({"data": {"train_files": ["data/long.parquet"]}},
-         "data.train_files: data/long.parquet: the longest prompt is 82 tokens but model has 64 positions"),
+        (
+            {"data": {"train_files": ["data/long.parquet"]}},
+            "data.train_files: data/long.parquet: the longest prompt is 82 tokens but model has 64 positions",
+        ),
     ],
     ids=["missing-file", "missing-columns", "missing-model", "prompt-too-long"],
 )
@@ -474,7 +495,9 @@ def test_inputs_a_run_would_fail_on_are_refused_by_the_dry_run_and_before_any_su
     common = ["--db", str(tmp_path / "results.db"), "--runs-dir", str(tmp_path / "runs")]
     dry = CliRunner().invoke(app, ["sweep", "s.yaml", "--dry-run", *common])
     assert dry.exit_code == 2 and "Traceback" not in dry.output
-    assert any(line.startswith("rpg sweep: error: ") and expected in line for line in dry.stderr.splitlines()), dry.stderr
+    assert any(line.startswith("rpg sweep: error: ") and expected in line for line in dry.stderr.splitlines()), (
+        dry.stderr
+    )
     real = CliRunner().invoke(app, ["sweep", "s.yaml", *common])
     assert real.exit_code == 2 and expected in one_line(real)
     assert not (tmp_path / "runs").exists() and not (tmp_path / "results.db").exists()  # no head, directory or row

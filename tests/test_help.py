@@ -33,8 +33,18 @@ def examples(command: str) -> list[str]:
 
 
 def test_every_command_is_covered():
-    assert set(COMMANDS) == {"prepare-data", "sweep", "eval", "report", "compare", "runs", "logs", "cancel", "stop",
-                             "export"}
+    assert set(COMMANDS) == {
+        "prepare-data",
+        "sweep",
+        "eval",
+        "report",
+        "compare",
+        "runs",
+        "logs",
+        "cancel",
+        "stop",
+        "export",
+    }
 
 
 @pytest.mark.parametrize("columns", [80, 120])

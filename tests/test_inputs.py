@@ -13,7 +13,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from rpg_cli.datasets import VERL_SCHEMA, verl_row
-from rpg_cli.inputs import REQUIRED_COLUMNS, _PromptCounter, check_data_file, parquet_schema, resolve_model
+from rpg_cli.inputs import _PromptCounter, check_data_file, parquet_schema, resolve_model
 
 REPO = Path(__file__).resolve().parents[1]
 SHARED_DATA = Path(os.environ.get("RPG_SHARED_DATA") or REPO.parent / "shared" / "data")
@@ -30,7 +30,10 @@ def test_data_files_are_checked_for_the_columns_and_rows_verl_reads(tmp_path):
     pq.write_table(pa.table({"question": ["q"] * 3, "nested": [{"a": {"b": 1}}] * 3, "tags": [["x"]] * 3}), odd)
     assert parquet_schema(odd) == (frozenset({"question", "nested", "nested.a", "nested.a.b", "tags"}), 3)
     [lacking] = check_data_file("data.train_files", str(odd))
-    assert lacking.error and "lacks the column(s) verl needs: prompt, reward_model.ground_truth, data_source" in lacking.message
+    assert (
+        lacking.error
+        and "lacks the column(s) verl needs: prompt, reward_model.ground_truth, data_source" in lacking.message
+    )
     empty = tmp_path / "empty.parquet"
     pq.write_table(pa.Table.from_pylist([], schema=VERL_SCHEMA), empty)
     [no_rows] = check_data_file("data.val_files", str(empty))
@@ -82,9 +85,9 @@ def chat_model(tmp_path_factory):
 
 def test_prompt_counts_match_transformers_chat_template_exactly_where_they_matter(chat_model, tmp_path):
     model_dir, tokenizer = chat_model
-    prompts = [
-        [{"role": "user", "content": "What is 3+4? " * n}] for n in (1, 5, 9, 12, 20, 40)
-    ] + [[{"role": "system", "content": "Think step by step."}, {"role": "user", "content": "Écrivez 数学 " * 7}]]
+    prompts = [[{"role": "user", "content": "What is 3+4? " * n}] for n in (1, 5, 9, 12, 20, 40)] + [
+        [{"role": "system", "content": "Think step by step."}, {"role": "user", "content": "Écrivez 数学 " * 7}]
+    ]
     path = tmp_path / "p.parquet"
     pq.write_table(pa.table({"prompt": prompts}), path)
     exact = [len(tokenizer.apply_chat_template(m, add_generation_prompt=True, tokenize=True)["input_ids"])

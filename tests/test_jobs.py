@@ -98,7 +98,9 @@ def _mentions(proc, text: str) -> bool:
         return False
 
 
-def make_plan(cluster, sweep: str, name: str, steps: int, mode: str = "ok", delay: float = 0.1, extra: list[str] = ()) -> RunPlan:
+def make_plan(
+    cluster, sweep: str, name: str, steps: int, mode: str = "ok", delay: float = 0.1, extra: list[str] = ()
+) -> RunPlan:
     run_dir = cluster["runs"] / sweep / name
     return RunPlan(
         id=f"{sweep}-{name}",
@@ -107,7 +109,15 @@ def make_plan(cluster, sweep: str, name: str, steps: int, mode: str = "ok", dela
         backend="local",
         spec={"name": name, "steps": steps, "mode": mode},
         run_dir=run_dir,
-        entrypoint=[sys.executable, str(cluster["root"] / "trainer.py"), str(run_dir), str(steps), str(delay), mode, *extra],
+        entrypoint=[
+            sys.executable,
+            str(cluster["root"] / "trainer.py"),
+            str(run_dir),
+            str(steps),
+            str(delay),
+            mode,
+            *extra,
+        ],
         num_cpus=1.0,
         env={"RPG_TEST_ENV": f"env of {name}"},
     )
@@ -349,7 +359,11 @@ def test_unreachable_cluster_is_a_one_line_error_and_writes_nothing(tmp_path):
     store.close()
     result = CliRunner().invoke(app, ["cancel", plan.id, "--db", f"sqlite:///{db}", "--address", dead])
     assert result.exit_code == 2
-    assert len(result.output.strip().splitlines()) == 1 and "--address" in result.output and "ray start --head" in result.output
+    assert (
+        len(result.output.strip().splitlines()) == 1
+        and "--address" in result.output
+        and "ray start --head" in result.output
+    )
     assert run_states(f"sqlite:///{db}", [plan.id]) == {plan.id: "running"}  # nothing changed
 
 
@@ -440,6 +454,7 @@ def test_two_sweeps_sharing_a_run_agree_on_its_state_and_its_directory(cluster, 
     finally:
         store.close()
 
+
 def _plan_targets(ref: str, db: str) -> list:
     """The runs and checkpoints `rpg eval REF` would evaluate (a benchmark file is not needed for that)."""
     from rpg_cli.evaluation.options import EvalOptions
@@ -497,7 +512,9 @@ def test_runs_that_end_unwatched_are_brought_up_to_date_by_every_command(cluster
     hanging = make_plan(cluster, "s5", "hanging", steps=1, delay=0, mode="hang")
     run_sweep([hanging], "s5", db, runs_dir=cluster["runs"], detach=True)
     result = runner.invoke(app, ["stop", *common])
-    assert result.exit_code == 2 and "job(s) are live on the local head (" in result.output and "hanging" in result.output
+    assert (
+        result.exit_code == 2 and "job(s) are live on the local head (" in result.output and "hanging" in result.output
+    )
     assert runner.invoke(app, ["cancel", hanging.name, *common]).exit_code == 0
     result = runner.invoke(app, ["stop", *common])
     assert result.exit_code == 0 and "stopped the local Ray head" in result.output, result.output

@@ -20,8 +20,19 @@ from rpg_cli.spec import ExperimentSpec  # noqa: E402
 REPO = Path(__file__).resolve().parents[1]
 
 # Every metric the issue names, in every training step's line.
-REQUIRED = ("actor/pg_loss", "actor/kl_loss", "actor/entropy", "actor/pg_clipfrac", "actor/ppo_kl", "actor/grad_norm",
-            "critic/score/mean", "critic/rewards/mean", "response_length/mean", "timing_s/step", "perf/throughput")
+REQUIRED = (
+    "actor/pg_loss",
+    "actor/kl_loss",
+    "actor/entropy",
+    "actor/pg_clipfrac",
+    "actor/ppo_kl",
+    "actor/grad_norm",
+    "critic/score/mean",
+    "critic/rewards/mean",
+    "response_length/mean",
+    "timing_s/step",
+    "perf/throughput",
+)
 VAL_KEY = "val-core/toy_add/acc/mean@8"
 
 
@@ -68,13 +79,27 @@ def test_prepare_data_toy_refuses_sources_too(tmp_path):
 
 
 def write_spec(run_dir: Path, toy, **changes) -> Path:
-    spec = dict(algorithm="rpg", kl="urkl", beta=1e-3, clip={"eps_low": 0.2, "eps_high": 0.28, "c": 10.0},
-                optimizer="adamw", context="2k", model=str(toy.model),
-                data={"train_files": [str(toy.train)], "val_files": [str(toy.val)]},
-                train_batch_size=8, rollout_n=8, ppo_mini_batch_size=8, lr=5e-4, steps=150, seed=0,
-                val={"n": 8, "every": 50, "temperature": 1.0, "top_p": 1.0},
-                rollout={"temperature": 1.0, "top_p": 1.0, "engine": "hf"}, save_every=150, backend="local",
-                resources={"nodes": 1, "gpus_per_node": 0, "cpus": 1})
+    spec = dict(
+        algorithm="rpg",
+        kl="urkl",
+        beta=1e-3,
+        clip={"eps_low": 0.2, "eps_high": 0.28, "c": 10.0},
+        optimizer="adamw",
+        context="2k",
+        model=str(toy.model),
+        data={"train_files": [str(toy.train)], "val_files": [str(toy.val)]},
+        train_batch_size=8,
+        rollout_n=8,
+        ppo_mini_batch_size=8,
+        lr=5e-4,
+        steps=150,
+        seed=0,
+        val={"n": 8, "every": 50, "temperature": 1.0, "top_p": 1.0},
+        rollout={"temperature": 1.0, "top_p": 1.0, "engine": "hf"},
+        save_every=150,
+        backend="local",
+        resources={"nodes": 1, "gpus_per_node": 0, "cpus": 1},
+    )
     spec.update(changes)
     run_dir.mkdir(parents=True, exist_ok=True)
     path = run_dir / "spec.json"
@@ -92,11 +117,17 @@ def read_metrics(run_dir: Path) -> list[dict]:
 
 FAMILIES = {
     "grpo": dict(algorithm="grpo", kl="none", reference="frozen"),
-    "dapo": dict(algorithm="dapo", kl="none", beta=0.0, dynamic_sampling={"gen_batches": 1, "max_num_gen_batches": 4},
-                 overlong={"buffer": 16}),
+    "dapo": dict(
+        algorithm="dapo",
+        kl="none",
+        beta=0.0,
+        dynamic_sampling={"gen_batches": 1, "max_num_gen_batches": 4},
+        overlong={"buffer": 16},
+    ),
     "reinforce_pp": dict(algorithm="reinforce_pp", kl="none", reference="frozen"),
-    "reinforce_pp_baseline": dict(algorithm="reinforce_pp_baseline", kl="none", beta=0.0,
-                                  kl_loss={"estimator": "k1", "coef": 1e-3}),
+    "reinforce_pp_baseline": dict(
+        algorithm="reinforce_pp_baseline", kl="none", beta=0.0, kl_loss={"estimator": "k1", "coef": 1e-3}
+    ),
     "rpg": dict(algorithm="rpg", kl="urkl"),
     "rpg_reinforce": dict(algorithm="rpg_reinforce", kl="rkl"),
 }
@@ -121,8 +152,13 @@ def comparable(data: dict) -> dict:
 
 def test_resubmitted_run_resumes_from_its_checkpoint_without_repeating_steps(toy, tmp_path, capsys):
     # schedule-free and a reference reset every 2 steps: the state a resume must restore exactly
-    changes = dict(steps=5, save_every=2, optimizer="schedule_free", reference={"every": 2},
-                   val={"n": 2, "every": 2, "temperature": 1.0, "top_p": 1.0})
+    changes = dict(
+        steps=5,
+        save_every=2,
+        optimizer="schedule_free",
+        reference={"every": 2},
+        val={"n": 2, "every": 2, "temperature": 1.0, "top_p": 1.0},
+    )
     whole = write_spec(tmp_path / "whole", toy, **changes)
     assert run_trainer(str(whole)) == 0
     broken = write_spec(tmp_path / "broken", toy, **changes)
@@ -149,8 +185,14 @@ def test_resubmitted_run_resumes_from_its_checkpoint_without_repeating_steps(toy
 def test_metrics_jsonl_carries_every_verl_metric_and_checkpoints_load(toy, tmp_path, capsys):
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    spec = write_spec(tmp_path / "run", toy, steps=2, save_every=2, rollout={"temperature": 1.0, "top_p": 1.0, "engine": "vllm"},
-                      val={"n": 8, "every": 2, "temperature": 1.0, "top_p": 1.0})
+    spec = write_spec(
+        tmp_path / "run",
+        toy,
+        steps=2,
+        save_every=2,
+        rollout={"temperature": 1.0, "top_p": 1.0, "engine": "vllm"},
+        val={"n": 8, "every": 2, "temperature": 1.0, "top_p": 1.0},
+    )
     assert run_trainer(str(spec)) == 0
     assert "note: rollout.engine vllm" in capsys.readouterr().out  # the fallback is said, not silent
     lines = read_metrics(tmp_path / "run")
@@ -174,7 +216,10 @@ def test_metrics_jsonl_carries_every_verl_metric_and_checkpoints_load(toy, tmp_p
         (dict(resources={"nodes": 2, "gpus_per_node": 0, "cpus": 1}), "resources.nodes is 2"),
         (dict(resources={"nodes": 1, "gpus_per_node": 2, "cpus": 1}), "gpus_per_node is 2"),
         (dict(model="no/such/model-dir"), "model: no/such/model-dir does not exist"),
-        (dict(data={"train_files": ["missing.parquet"], "val_files": []}), "data.train_files: missing.parquet does not exist"),
+        (
+            dict(data={"train_files": ["missing.parquet"], "val_files": []}),
+            "data.train_files: missing.parquet does not exist",
+        ),
         (dict(backend="verl"), "backend is 'verl'"),
     ],
 )
@@ -207,7 +252,8 @@ def test_prompts_longer_than_the_models_positions_fail_before_any_work(toy, tmp_
     assert capsys.readouterr().err.strip() == (
         f"rpg local backend: data.train_files: {long}: the longest prompt is 258 tokens but {toy.model} has 32 "
         "positions (max_position_embeddings), which must hold a prompt and its response; use shorter prompts or "
-        "a model with more positions")
+        "a model with more positions"
+    )
     assert sorted(p.name for p in (tmp_path / "run").iterdir()) == ["spec.json"]  # nothing written
 
 
@@ -231,11 +277,17 @@ def test_the_preflight_counts_prompt_tokens_as_the_trainer_encodes_them(toy, tmp
 def test_job_entrypoint_refuses_a_gpu_it_does_not_have(toy, tmp_path):
     spec = write_spec(tmp_path / "run", toy, resources={"nodes": 1, "gpus_per_node": 1, "cpus": 1})
     env = {**os.environ, "PYTHONPATH": str(REPO)}
-    done = subprocess.run([sys.executable, "-m", "rpg_cli.backends.local", "--spec", str(spec)],
-                          capture_output=True, text=True, env=env, timeout=120)
+    done = subprocess.run(
+        [sys.executable, "-m", "rpg_cli.backends.local", "--spec", str(spec)],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=120,
+    )
     assert done.returncode == 2
     assert done.stderr.strip().splitlines() == [
-        "rpg local backend: resources.gpus_per_node is 1 but no CUDA GPU is visible here; allowed: 0 (runs on the CPU)"]
+        "rpg local backend: resources.gpus_per_node is 1 but no CUDA GPU is visible here; allowed: 0 (runs on the CPU)"
+    ]
     assert not (tmp_path / "run" / "metrics.jsonl").exists()
 
 
@@ -252,8 +304,15 @@ def trainer_for(run_dir: Path, toy, **changes):
 def test_dynamic_sampling_on_rpg_filters_on_accuracy_in_rounds_and_keeps_groups_of_one(toy, tmp_path, monkeypatch):
     import rpg_cli.backends.local.trainer as trainer_module
 
-    trainer = trainer_for(tmp_path / "run", toy, train_batch_size=2, rollout_n=2, ppo_mini_batch_size=2,
-                          dynamic_sampling={"gen_batches": 3, "max_num_gen_batches": 2}, overlong={"buffer": 4})
+    trainer = trainer_for(
+        tmp_path / "run",
+        toy,
+        train_batch_size=2,
+        rollout_n=2,
+        ppo_mini_batch_size=2,
+        dynamic_sampling={"gen_batches": 3, "max_num_gen_batches": 2},
+        overlong={"buffer": 4},
+    )
     calls = []
 
     def fake_score(rollouts, problems):
@@ -273,15 +332,30 @@ def test_dynamic_sampling_on_rpg_filters_on_accuracy_in_rounds_and_keeps_groups_
     assert torch.allclose(batch.rewards - batch.scores, (-(lengths - (budget - 4)) / 4).clamp(max=0))  # overlong
 
     # groups of one response are kept (std > 0 or size == 1), so rollout_n = 1 fills the batch at once
-    single = trainer_for(tmp_path / "single", toy, train_batch_size=2, rollout_n=1, ppo_mini_batch_size=2,
-                         dynamic_sampling={"gen_batches": 1, "max_num_gen_batches": 5})
+    single = trainer_for(
+        tmp_path / "single",
+        toy,
+        train_batch_size=2,
+        rollout_n=1,
+        ppo_mini_batch_size=2,
+        dynamic_sampling={"gen_batches": 1, "max_num_gen_batches": 5},
+    )
     calls.clear()
     assert len(single.sample_batch().rollouts.texts) == 2 and calls == [2]
 
 
 def test_kl_loss_toward_pi_old_enters_the_local_update(toy, tmp_path):
-    spec = write_spec(tmp_path / "run", toy, algorithm="reinforce_pp_baseline", kl="none", beta=0.0, steps=1,
-                      ppo_mini_batch_size=4, kl_loss={"estimator": "k1", "coef": 0.5}, val={"n": 1, "every": 1})
+    spec = write_spec(
+        tmp_path / "run",
+        toy,
+        algorithm="reinforce_pp_baseline",
+        kl="none",
+        beta=0.0,
+        steps=1,
+        ppo_mini_batch_size=4,
+        kl_loss={"estimator": "k1", "coef": 0.5},
+        val={"n": 1, "every": 1},
+    )
     assert run_trainer(str(spec)) == 0
     step = read_metrics(tmp_path / "run")[-1]["data"]
     # the second mini-batch is off-policy, so log pi_theta - log pi_old (k1 toward pi_old) is no longer 0
@@ -321,8 +395,13 @@ def test_the_seed_reaches_the_prompt_order_and_the_sampler(toy, tmp_path):
 
 def test_kl_target_resets_the_reference_logs_ref_metrics_and_resumes_exactly(toy, tmp_path, capsys):
     # a tiny target and a weight-1 average: any KL to the reference resets it before the next step
-    changes = dict(steps=6, save_every=3, beta=0.2, reference={"kl_target": 1e-9, "ema": 1.0},
-                   val={"n": 2, "every": 6, "temperature": 1.0, "top_p": 1.0})
+    changes = dict(
+        steps=6,
+        save_every=3,
+        beta=0.2,
+        reference={"kl_target": 1e-9, "ema": 1.0},
+        val={"n": 2, "every": 6, "temperature": 1.0, "top_p": 1.0},
+    )
     whole = write_spec(tmp_path / "whole", toy, **changes)
     assert run_trainer(str(whole)) == 0
     lines = read_metrics(tmp_path / "whole")[1:]

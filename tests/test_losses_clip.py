@@ -128,12 +128,15 @@ def test_unclipped_reinforce_is_section_1_loss(name):
     w, adv, beta, old_logp, ref_logp = 4.0, -1.0, 0.3, -1.5, -1.2
     logp = old_logp + math.log(w)
     log_u, rho = logp - ref_logp, math.exp(ref_logp - old_logp)
-    c_kl = beta * {
-        "fkl": rho,
-        "rkl": -w * (log_u + 1),
-        "ufkl": -(w - rho),
-        "urkl": -w * log_u,
-    }[name.rsplit("_", 1)[1]]
+    c_kl = (
+        beta
+        * {
+            "fkl": rho,
+            "rkl": -w * (log_u + 1),
+            "ufkl": -(w - rho),
+            "urkl": -w * log_u,
+        }[name.rsplit("_", 1)[1]]
+    )
     loss, d, metrics = one_token(name, w=w, adv=adv, beta=beta, old_logp=old_logp, ref_logp=ref_logp, clip=False)
     assert loss == pytest.approx(-(w * adv + c_kl) * logp, abs=1e-12)
     assert d == pytest.approx(-(w * adv + c_kl), abs=1e-12)
@@ -150,7 +153,9 @@ def test_clipped_weight_option_replaces_w_inside_stop_gradient():
     zero = torch.zeros(1, 1, dtype=F64)
     kw = dict(beta=0.0, clip=True, eps_low=E1, eps_high=E2, c=C)
     plain = rpg_reinforce_loss("urkl", log_w, zero, logp, torch.tensor([[adv]], dtype=F64), **kw).loss
-    clipped = rpg_reinforce_loss("urkl", log_w, zero, logp, torch.tensor([[adv]], dtype=F64), clipped_weight=True, **kw).loss
+    clipped = rpg_reinforce_loss(
+        "urkl", log_w, zero, logp, torch.tensor([[adv]], dtype=F64), clipped_weight=True, **kw
+    ).loss
     (d_plain,) = torch.autograd.grad(plain.sum(), logp)
     (d_clipped,) = torch.autograd.grad(clipped.sum(), logp)
     assert d_plain.item() == pytest.approx(-w * adv)
@@ -159,10 +164,15 @@ def test_clipped_weight_option_replaces_w_inside_stop_gradient():
 
 def test_policy_loss_passes_the_clipped_weight_option_to_rpg_reinforce_only():
     w, adv = 2.0, -1.0  # a gradient branch with w > 1+e2: the option changes the gradient weight
-    kw = dict(log_prob=torch.tensor([[-1.0]], dtype=F64, requires_grad=True),
-              old_log_prob=torch.tensor([[-1.0 - math.log(w)]], dtype=F64),
-              advantages=torch.tensor([adv], dtype=F64), response_mask=torch.ones(1, 1, dtype=torch.bool),
-              eps_low=E1, eps_high=E2, clip_c=C)
+    kw = dict(
+        log_prob=torch.tensor([[-1.0]], dtype=F64, requires_grad=True),
+        old_log_prob=torch.tensor([[-1.0 - math.log(w)]], dtype=F64),
+        advantages=torch.tensor([adv], dtype=F64),
+        response_mask=torch.ones(1, 1, dtype=torch.bool),
+        eps_low=E1,
+        eps_high=E2,
+        clip_c=C,
+    )
     plain, _ = policy_loss("rpg_reinforce_fkl", **kw)
     clipped, _ = policy_loss("rpg_reinforce_fkl", clipped_weight=True, **kw)
     assert torch.autograd.grad(plain, kw["log_prob"])[0].item() == pytest.approx(-w * adv)
@@ -192,7 +202,10 @@ def test_remark_f2_evaluates_c_kl_at_the_clipped_weight(variant, w, adv, beta, r
     w_bar = min(max(w, 1 - E1), 1 + E2)
     rho = 1.0 if ref_logp is None else math.exp(ref_logp - old_logp)
     log_u_bar = math.log(w_bar) - math.log(rho)
-    c_kl = beta * {"fkl": rho, "rkl": -w_bar * (log_u_bar + 1), "ufkl": -(w_bar - rho), "urkl": -w_bar * log_u_bar}[variant]
+    c_kl = (
+        beta
+        * {"fkl": rho, "rkl": -w_bar * (log_u_bar + 1), "ufkl": -(w_bar - rho), "urkl": -w_bar * log_u_bar}[variant]
+    )
     psi_positive = (adv + c_kl / w_bar) * ell >= 0
     expected_branch = branch if variant == "urkl" else None  # the other variants may land elsewhere: derive it
     if expected_branch is None:
@@ -200,8 +213,9 @@ def test_remark_f2_evaluates_c_kl_at_the_clipped_weight(variant, w, adv, beta, r
             expected_branch = "grad" if w < 1 + E2 else "high"
         else:
             expected_branch = "low" if w <= 1 - E1 else ("grad" if w < C else "dual")
-    loss, d, metrics = one_token(f"rpg_reinforce_{variant}", w=w, adv=adv, beta=beta, old_logp=old_logp,
-                                 ref_logp=ref_logp, clipped_weight=True)
+    loss, d, metrics = one_token(
+        f"rpg_reinforce_{variant}", w=w, adv=adv, beta=beta, old_logp=old_logp, ref_logp=ref_logp, clipped_weight=True
+    )
     value = {
         "grad": (w_bar * adv + c_kl) * ell,
         "high": ((1 + E2) * adv + c_kl) * ell,

@@ -31,7 +31,9 @@ class Case:
         g = torch.Generator().manual_seed(seed)
         self.normalized = normalized
         self.log_old = torch.log_softmax(torch.randn(V, generator=g, dtype=F64), 0)
-        self.log_ref = torch.log_softmax(self.log_old + 0.5 * torch.randn(V, generator=g, dtype=F64), 0) if separate_ref else None
+        self.log_ref = (
+            torch.log_softmax(self.log_old + 0.5 * torch.randn(V, generator=g, dtype=F64), 0) if separate_ref else None
+        )
         self.adv = torch.randn(V, generator=g, dtype=F64) - 0.2  # R - b with an arbitrary baseline
         # small moves keep every ratio inside the clip window, so clipped losses must be exact as well
         step = torch.zeros(V, dtype=F64) if on_policy else 0.08 * torch.randn(V, generator=g, dtype=F64)
@@ -111,7 +113,9 @@ def grad(value: torch.Tensor, case: Case) -> torch.Tensor:
 
 
 CASES = list(itertools.product([True, False], [False, True], [True, False]))  # normalized, separate ref, on-policy
-CASE_IDS = [f"{'softmax' if n else 'unnormalized'}-{'ref' if r else 'iterative'}-{'on' if o else 'off'}" for n, r, o in CASES]
+CASE_IDS = [
+    f"{'softmax' if n else 'unnormalized'}-{'ref' if r else 'iterative'}-{'on' if o else 'off'}" for n, r, o in CASES
+]
 
 
 @pytest.mark.parametrize("name", LOSS_NAMES)
@@ -119,8 +123,12 @@ CASE_IDS = [f"{'softmax' if n else 'unnormalized'}-{'ref' if r else 'iterative'}
 @pytest.mark.parametrize("clip", [False, True], ids=["unclipped", "clipped"])
 def test_gradient_equals_minus_gradient_of_objective(name, normalized, separate_ref, on_policy, clip):
     beta = 0.37
-    case = Case(seed=zlib.crc32(f"{name}{normalized}{separate_ref}{on_policy}".encode()), normalized=normalized,
-                separate_ref=separate_ref, on_policy=on_policy)
+    case = Case(
+        seed=zlib.crc32(f"{name}{normalized}{separate_ref}{on_policy}".encode()),
+        normalized=normalized,
+        separate_ref=separate_ref,
+        on_policy=on_policy,
+    )
     surrogate = grad(expected_loss(case, name, beta=beta, clip=clip, eps_low=0.2, eps_high=0.28, clip_c=3.0), case)
     exact = grad(objective(case, name, beta), case)
     assert torch.allclose(surrogate, -exact, **TOL), (surrogate, -exact)
@@ -176,9 +184,13 @@ def test_kl_metric_is_the_exact_divergence_in_expectation(name, separate_ref):
     estimate = 0.0
     for x in range(V):
         _, metrics = policy_loss(
-            name, log_prob=log_pi[x].view(1, 1), old_log_prob=case.log_old[x].view(1, 1),
-            advantages=case.adv[x].view(1), response_mask=torch.ones(1, 1, dtype=torch.bool),
-            ref_log_prob=None if case.log_ref is None else case.log_ref[x].view(1, 1), beta=0.1,
+            name,
+            log_prob=log_pi[x].view(1, 1),
+            old_log_prob=case.log_old[x].view(1, 1),
+            advantages=case.adv[x].view(1),
+            response_mask=torch.ones(1, 1, dtype=torch.bool),
+            ref_log_prob=None if case.log_ref is None else case.log_ref[x].view(1, 1),
+            beta=0.1,
         )
         estimate += case.log_old[x].exp().item() * metrics["kl"]
     if name == "grpo":
@@ -219,9 +231,20 @@ def test_per_token_gradient_is_the_reinforce_weight(family, variant, separate_re
     ref = old + 0.4 * torch.randn(n, 1, generator=g, dtype=F64) if separate_ref else None
     adv = torch.randn(n, 1, generator=g, dtype=F64)
     beta = 0.3
-    loss, _ = policy_loss(f"{family}_{variant}", log_prob=logp, old_log_prob=old, advantages=adv,
-                          response_mask=torch.ones(n, 1, dtype=torch.bool), ref_log_prob=ref, beta=beta,
-                          clip=clip, eps_low=0.5, eps_high=0.5, clip_c=3.0, loss_agg_mode="token-sum")
+    loss, _ = policy_loss(
+        f"{family}_{variant}",
+        log_prob=logp,
+        old_log_prob=old,
+        advantages=adv,
+        response_mask=torch.ones(n, 1, dtype=torch.bool),
+        ref_log_prob=ref,
+        beta=beta,
+        clip=clip,
+        eps_low=0.5,
+        eps_high=0.5,
+        clip_c=3.0,
+        loss_agg_mode="token-sum",
+    )
     (d_logp,) = torch.autograd.grad(loss, logp)
     log_w = (logp - old).detach()
     log_rho = torch.zeros_like(old) if ref is None else ref - old

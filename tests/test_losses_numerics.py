@@ -35,8 +35,13 @@ def test_padding_never_leaks(name, mode):
     for pad_logp, pad_other in ((0.0, 0.0), (float("-inf"), float("nan"))):
         x = poison(logp, mask, pad_logp).requires_grad_(True)
         loss, metrics = policy_loss(
-            name, log_prob=x, old_log_prob=poison(old, mask, pad_other), ref_log_prob=poison(ref, mask, pad_other),
-            advantages=poison(adv[:, None].expand_as(logp), mask, pad_other), response_mask=mask, beta=0.1,
+            name,
+            log_prob=x,
+            old_log_prob=poison(old, mask, pad_other),
+            ref_log_prob=poison(ref, mask, pad_other),
+            advantages=poison(adv[:, None].expand_as(logp), mask, pad_other),
+            response_mask=mask,
+            beta=0.1,
             loss_agg_mode=mode,
         )
         loss.backward()
@@ -58,8 +63,9 @@ def test_extreme_log_ratios_stay_finite(name, extreme, clip):
     ref = ref.clone()
     ref[:, 1] = old[:, 1] - extreme  # log rho = -+50
     x = logp.requires_grad_(True)
-    loss, metrics = policy_loss(name, log_prob=x, old_log_prob=old, ref_log_prob=ref, advantages=adv,
-                                response_mask=mask, beta=0.1, clip=clip)
+    loss, metrics = policy_loss(
+        name, log_prob=x, old_log_prob=old, ref_log_prob=ref, advantages=adv, response_mask=mask, beta=0.1, clip=clip
+    )
     loss.backward()
     assert torch.isfinite(loss) and torch.isfinite(x.grad).all()
     assert all(torch.isfinite(torch.tensor(v)) for v in metrics.values())
@@ -92,17 +98,32 @@ def test_monte_carlo_gradient_agrees_with_exact(name):
 
     x = torch.multinomial(log_old.exp(), n, replacement=True, generator=g)
     logp = theta[x].unsqueeze(-1)
-    loss, _ = policy_loss(name, log_prob=logp, old_log_prob=log_old[x].unsqueeze(-1), advantages=adv[x],
-                          response_mask=torch.ones(n, 1, dtype=torch.bool), ref_log_prob=log_ref[x].unsqueeze(-1),
-                          beta=beta, clip=False)
+    loss, _ = policy_loss(
+        name,
+        log_prob=logp,
+        old_log_prob=log_old[x].unsqueeze(-1),
+        advantages=adv[x],
+        response_mask=torch.ones(n, 1, dtype=torch.bool),
+        ref_log_prob=log_ref[x].unsqueeze(-1),
+        beta=beta,
+        clip=False,
+    )
     (estimate,) = torch.autograd.grad(loss, theta)
     # the exact gradient and the per-outcome weights g(k) = d L(k) / d logp, for the standard error
     one = torch.ones(1, 1, dtype=torch.bool)
     per_outcome = torch.zeros(v, dtype=F64)
     for k in range(v):
         t = theta.detach()[k].view(1, 1).requires_grad_(True)
-        lk, _ = policy_loss(name, log_prob=t, old_log_prob=log_old[k].view(1, 1), advantages=adv[k].view(1),
-                            response_mask=one, ref_log_prob=log_ref[k].view(1, 1), beta=beta, clip=False)
+        lk, _ = policy_loss(
+            name,
+            log_prob=t,
+            old_log_prob=log_old[k].view(1, 1),
+            advantages=adv[k].view(1),
+            response_mask=one,
+            ref_log_prob=log_ref[k].view(1, 1),
+            beta=beta,
+            clip=False,
+        )
         (per_outcome[k],) = torch.autograd.grad(lk, t)[0].view(1)
     exact = log_old.exp() * per_outcome  # d/d theta_k of E_old[L] for log pi = theta
     counts = torch.bincount(x, minlength=v).to(F64)
@@ -125,7 +146,9 @@ def test_aggregation_modes_by_hand():
     assert aggregate(loss, mask, "seq-mean-token-sum").item() == pytest.approx((6 + 30) / 2)
     assert aggregate(loss, mask, "seq-mean-token-mean").item() == pytest.approx((2 + 15) / 2)
     assert aggregate(loss, mask, "seq-mean-token-sum-norm").item() == pytest.approx((6 + 30) / 2 / 4)
-    assert aggregate(loss, mask, "seq-mean-token-sum-norm", loss_scale_factor=8).item() == pytest.approx((6 + 30) / 2 / 8)
+    assert aggregate(loss, mask, "seq-mean-token-sum-norm", loss_scale_factor=8).item() == pytest.approx(
+        (6 + 30) / 2 / 8
+    )
 
 
 def test_aggregation_matches_verl_when_installed():
@@ -167,8 +190,16 @@ def test_bad_input_says_what_is_wrong(change, message):
 
 def test_unclipped_run_ignores_clip_parameters():
     logp, old, _, adv, mask = batch()
-    loss, metrics = policy_loss("rpg_fkl", log_prob=logp, old_log_prob=old, advantages=adv, response_mask=mask,
-                                clip=False, clip_c=1.0, eps_low=0.0)
+    loss, metrics = policy_loss(
+        "rpg_fkl",
+        log_prob=logp,
+        old_log_prob=old,
+        advantages=adv,
+        response_mask=mask,
+        clip=False,
+        clip_c=1.0,
+        eps_low=0.0,
+    )
     assert torch.isfinite(loss) and metrics["clipfrac"] == 0.0
 
 
@@ -179,11 +210,24 @@ def test_padded_batch_equals_packed_valid_tokens(name, with_ref):
     logp, old, ref, adv, mask = batch(seed=9, spread=0.6)
     adv_tokens = adv[:, None].expand_as(logp)
     kw = dict(beta=0.2, eps_low=0.1, eps_high=0.1, clip_c=1.5)
-    padded = policy_loss(name, log_prob=logp, old_log_prob=old, ref_log_prob=ref if with_ref else None,
-                         advantages=adv_tokens, response_mask=mask, **kw)
-    packed = policy_loss(name, log_prob=logp[mask][None], old_log_prob=old[mask][None],
-                         ref_log_prob=ref[mask][None] if with_ref else None, advantages=adv_tokens[mask][None],
-                         response_mask=torch.ones(1, int(mask.sum()), dtype=torch.bool), **kw)
+    padded = policy_loss(
+        name,
+        log_prob=logp,
+        old_log_prob=old,
+        ref_log_prob=ref if with_ref else None,
+        advantages=adv_tokens,
+        response_mask=mask,
+        **kw,
+    )
+    packed = policy_loss(
+        name,
+        log_prob=logp[mask][None],
+        old_log_prob=old[mask][None],
+        ref_log_prob=ref[mask][None] if with_ref else None,
+        advantages=adv_tokens[mask][None],
+        response_mask=torch.ones(1, int(mask.sum()), dtype=torch.bool),
+        **kw,
+    )
     assert padded[0].item() == pytest.approx(packed[0].item(), rel=1e-5)
     assert padded[1] == pytest.approx(packed[1], rel=1e-5, abs=1e-7)
     assert not mask.all() and padded[1]["clipfrac"] > 0  # padding present, and clipping exercised

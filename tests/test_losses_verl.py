@@ -29,8 +29,9 @@ class ActorSettings(dict):
     __getattr__ = dict.__getitem__
 
 
-SETTINGS = ActorSettings(clip_ratio=EPS_LOW, clip_ratio_low=EPS_LOW, clip_ratio_high=EPS_HIGH, clip_ratio_c=CLIP_C,
-                         global_batch_info={})
+SETTINGS = ActorSettings(
+    clip_ratio=EPS_LOW, clip_ratio_low=EPS_LOW, clip_ratio_high=EPS_HIGH, clip_ratio_c=CLIP_C, global_batch_info={}
+)
 
 
 def extreme_batch(seed: int, b: int = 8, t: int = 12):
@@ -72,9 +73,19 @@ def test_grpo_equals_verls_ppo_loss_plus_low_var_kl(name, agg, seed):
     assert ((logp - old).abs() > 20).any() and ((ref - logp) < -12).any()  # both clamps are reached
     x_ours = logp.clone().requires_grad_(True)
     x_verl = logp.clone().requires_grad_(True)
-    ours, _ = policy_loss(name, log_prob=x_ours, old_log_prob=old, ref_log_prob=ref, advantages=adv,
-                          response_mask=mask, beta=BETA, eps_low=EPS_LOW, eps_high=EPS_HIGH, clip_c=CLIP_C,
-                          loss_agg_mode=agg)
+    ours, _ = policy_loss(
+        name,
+        log_prob=x_ours,
+        old_log_prob=old,
+        ref_log_prob=ref,
+        advantages=adv,
+        response_mask=mask,
+        beta=BETA,
+        eps_low=EPS_LOW,
+        eps_high=EPS_HIGH,
+        clip_c=CLIP_C,
+        loss_agg_mode=agg,
+    )
     theirs = verl_grpo(x_verl, old, ref, adv, mask, agg, corrected=name == "grpo_corrected")
     (g_ours,) = torch.autograd.grad(ours, x_ours)
     (g_verl,) = torch.autograd.grad(theirs, x_verl)

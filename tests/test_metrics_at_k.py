@@ -37,7 +37,18 @@ def test_pass_at_k_edge_values_are_exact():
 
 @pytest.mark.parametrize(
     "n, c, k",
-    [(0, 0, 1), (-1, 0, 1), (4, -1, 1), (4, 5, 1), (4, 2, 0), (4, 2, 5), (4.0, 2, 1), (4, 2, 1.5), (True, 0, 1), (4, "2", 1)],
+    [
+        (0, 0, 1),
+        (-1, 0, 1),
+        (4, -1, 1),
+        (4, 5, 1),
+        (4, 2, 0),
+        (4, 2, 5),
+        (4.0, 2, 1),
+        (4, 2, 1.5),
+        (True, 0, 1),
+        (4, "2", 1),
+    ],
 )
 def test_pass_at_k_rejects_invalid_arguments(n, c, k):
     with pytest.raises(ValueError, match="pass_at_k"):

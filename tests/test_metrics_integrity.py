@@ -10,7 +10,6 @@ import logging
 import os
 from pathlib import Path
 
-import pytest
 import sqlalchemy as sa
 
 from rpg_cli.orchestration.plan import RunPlan

@@ -48,11 +48,18 @@ ALL = [pytest.param(grid, id=grid) for grid in GRIDS]
 @pytest.mark.parametrize("grid", ALL)
 def test_every_cell_validates_32_samples_per_problem_every_10_steps_at_top_p_1(grid):
     for _, _, _, o in cells(grid):
-        assert (o[f"{ROLLOUT}.val_kwargs.n"], o[f"{ROLLOUT}.val_kwargs.temperature"], o[f"{ROLLOUT}.val_kwargs.top_p"],
-                o[f"{ROLLOUT}.val_kwargs.do_sample"]) == ("32", "1.0", "1.0", "true")
+        assert (
+            o[f"{ROLLOUT}.val_kwargs.n"],
+            o[f"{ROLLOUT}.val_kwargs.temperature"],
+            o[f"{ROLLOUT}.val_kwargs.top_p"],
+            o[f"{ROLLOUT}.val_kwargs.do_sample"],
+        ) == ("32", "1.0", "1.0", "true")
         assert (o["trainer.test_freq"], o["trainer.val_before_train"]) == ("10", "true")
         assert [Path(f).name for f in o["data.val_files"].strip("[]").split(",")] == [
-            "aime-2024.parquet", "aime-2025.parquet", "amc-2023.parquet"]
+            "aime-2024.parquet",
+            "aime-2025.parquet",
+            "amc-2023.parquet",
+        ]
         assert Path(o["data.train_files"].strip("[]")).name == "dapo-math-17k-eng.parquet"
 
 
@@ -71,10 +78,16 @@ def test_dynamic_sampling_and_overlong_shaping_on_every_method_but_grpo(grid):
         on = algorithm in TRICKS
         assert o["algorithm.filter_groups.enable"] == ("true" if on else "false")
         if on:
-            assert (o["algorithm.filter_groups.metric"], o["algorithm.filter_groups.max_inflight_gen_batches"],
-                    o["algorithm.filter_groups.max_num_gen_batches"]) == ("acc", "3", "20")
-            assert (o["reward.reward_manager.name"], o["reward.reward_kwargs.overlong_buffer_cfg.len"],
-                    o["reward.reward_kwargs.overlong_buffer_cfg.penalty_factor"]) == ("dapo", "512", "1.0")
+            assert (
+                o["algorithm.filter_groups.metric"],
+                o["algorithm.filter_groups.max_inflight_gen_batches"],
+                o["algorithm.filter_groups.max_num_gen_batches"],
+            ) == ("acc", "3", "20")
+            assert (
+                o["reward.reward_manager.name"],
+                o["reward.reward_kwargs.overlong_buffer_cfg.len"],
+                o["reward.reward_kwargs.overlong_buffer_cfg.penalty_factor"],
+            ) == ("dapo", "512", "1.0")
         else:
             assert "reward.reward_manager.name" not in o and "algorithm.filter_groups.metric" not in o
 
@@ -86,8 +99,12 @@ def test_each_method_regularises_as_the_paper_ran_it(grid):
         seen.add(algorithm)
         loss = f"{ACTOR}.policy_loss"
         clip = (o[f"{ACTOR}.clip_ratio_low"], o[f"{ACTOR}.clip_ratio_high"])
-        kl_loss = (o[f"{ACTOR}.use_kl_loss"], o[f"{ACTOR}.kl_loss_type"], o[f"{ACTOR}.kl_loss_coef"],
-                   o[f"{loss}.kl_loss_to_old"])
+        kl_loss = (
+            o[f"{ACTOR}.use_kl_loss"],
+            o[f"{ACTOR}.kl_loss_type"],
+            o[f"{ACTOR}.kl_loss_coef"],
+            o[f"{loss}.kl_loss_to_old"],
+        )
         no_kl_loss = ("false", "low_var_kl", "0.0", "false")
         assert o["algorithm.use_kl_in_reward"] == "false"  # no method of the paper's runs puts KL in the reward
         if algorithm in ("reinforce_pp", "reinforce_pp_baseline"):
@@ -104,7 +121,10 @@ def test_each_method_regularises_as_the_paper_ran_it(grid):
             # ref worker's log-probs, which verl computes when use_kl_loss is on (its own coefficient 0)
             assert (o[f"{loss}.loss_mode"], o[f"{loss}.beta"], o[f"{loss}.kl_clamp"]) == ("grpo", "0.001", "true")
             assert (o[f"{loss}.use_reference"], o[f"{ACTOR}.use_kl_loss"], o[f"{ACTOR}.kl_loss_coef"]) == (
-                "true", "true", "0.0")
+                "true",
+                "true",
+                "0.0",
+            )
             assert clip == ("0.2", "0.2")
         else:  # rpg, rpg_reinforce: beta 1e-4 toward pi_old inside the loss, no reference model
             prefix = "rpg_reinforce" if algorithm == "rpg_reinforce" else "rpg"
@@ -136,8 +156,17 @@ def dry_run(grid: str, cwd: Path, monkeypatch, *args: str):
 
     write_eval_file(cwd / "data" / "dapo-math-17k-eng.parquet", 1)  # the grids' training file (the dry run checks it)
     monkeypatch.chdir(cwd)
-    return CliRunner().invoke(app, ["sweep", str(REPO / "experiments" / f"{grid}.yaml"), "--dry-run",
-                                    "--db", f"sqlite:///{cwd / 'none.db'}", *args])
+    return CliRunner().invoke(
+        app,
+        [
+            "sweep",
+            str(REPO / "experiments" / f"{grid}.yaml"),
+            "--dry-run",
+            "--db",
+            f"sqlite:///{cwd / 'none.db'}",
+            *args,
+        ],
+    )
 
 
 def test_dry_run_states_the_generations_of_a_validation(tmp_path, monkeypatch):
@@ -145,14 +174,19 @@ def test_dry_run_states_the_generations_of_a_validation(tmp_path, monkeypatch):
         write_eval_file(tmp_path / "data" / f"{name}.parquet", n)
     result = dry_run("paper-qwen3-4b", tmp_path, monkeypatch)
     assert result.exit_code == 0, result.output
-    assert ("validation (20 runs): 9 problems x 32 samples = 288 generations per validation, 41 per run "
-            "(before training, every 10 steps and at the last)") in " ".join(result.output.split())
+    assert (
+        "validation (20 runs): 9 problems x 32 samples = 288 generations per validation, 41 per run "
+        "(before training, every 10 steps and at the last)"
+    ) in " ".join(result.output.split())
     import json
 
     rows = json.loads(dry_run("paper-qwen3-4b", tmp_path, monkeypatch, "--format", "json").stdout)
-    assert {json.dumps(r["validation"], sort_keys=True) for r in rows} == {json.dumps(
-        {"problems": 9, "samples_per_problem": 32, "generations_per_validation": 288, "validations_per_run": 41},
-        sort_keys=True)}
+    assert {json.dumps(r["validation"], sort_keys=True) for r in rows} == {
+        json.dumps(
+            {"problems": 9, "samples_per_problem": 32, "generations_per_validation": 288, "validations_per_run": 41},
+            sort_keys=True,
+        )
+    }
     # without the files here, the plan still says what a validation samples per problem
     (tmp_path / "elsewhere").mkdir()
     bare = dry_run("paper-qwen3-4b", tmp_path / "elsewhere", monkeypatch)

@@ -12,7 +12,6 @@ import os
 import re
 import subprocess
 import sys
-from collections import Counter
 from pathlib import Path
 
 import pyarrow as pa
@@ -21,8 +20,7 @@ import pytest
 from typer.testing import CliRunner
 
 from rpg_cli.cli import app
-from rpg_cli.datasets import SourceOptions, prepare, resolve_sources
-from rpg_cli.datasets import pipeline
+from rpg_cli.datasets import SourceOptions, pipeline, prepare, resolve_sources
 from rpg_cli.datasets.clean import answer_text, foreign_script_share, is_english, question_text
 from rpg_cli.datasets.pipeline import collect
 
@@ -91,8 +89,9 @@ def three_formats(tmp_path: Path) -> dict[str, tuple[Path, list[str]]]:
         writer.writerow(["id", "q", "a"])
         writer.writerows([i, p, a] for i, (p, a, _) in enumerate(PROBLEMS))
     parquet = tmp_path / "set.parquet"
-    pq.write_table(pa.table({"question": [p for p, _, _ in PROBLEMS],
-                             "final_answer": [str(a) for _, a, _ in PROBLEMS]}), parquet)
+    pq.write_table(
+        pa.table({"question": [p for p, _, _ in PROBLEMS], "final_answer": [str(a) for _, a, _ in PROBLEMS]}), parquet
+    )
     return {
         "jsonl": (jsonl, []),
         "csv": (csv_path, ["--question-field", "q", "--answer-field", "a"]),
@@ -122,21 +121,32 @@ def test_any_local_file_becomes_verl_rows_one_per_problem(kind, three_formats, t
 
 def test_default_run_writes_the_four_paper_files_with_the_paper_data_sources(tmp_path, monkeypatch):
     dapo = tmp_path / "dapo.parquet"
-    pq.write_table(pa.Table.from_pylist([dapo_row("Train on $1+2$.", "3", "u1"), dapo_row("And $2+2$.", "4", "u2")]), dapo)
-    aime = write_jsonl(tmp_path / "aime.jsonl", [{"problem": "Hard $n$?", "answer": "7"}, {"problem": "Next?", "answer": "8"}])
+    pq.write_table(
+        pa.Table.from_pylist([dapo_row("Train on $1+2$.", "3", "u1"), dapo_row("And $2+2$.", "4", "u2")]), dapo
+    )
+    aime = write_jsonl(
+        tmp_path / "aime.jsonl", [{"problem": "Hard $n$?", "answer": "7"}, {"problem": "Next?", "answer": "8"}]
+    )
     monkeypatch.chdir(tmp_path)
     result = run(f"dapo-math-17k={dapo}", f"aime24={aime}", f"aime25={aime}", f"amc23={aime}")
     assert result.exit_code == 0, result.output
     files = {p.name: rows_of(p) for p in (tmp_path / "data").iterdir()}
     assert sorted(files) == ["aime-2024.parquet", "aime-2025.parquet", "amc-2023.parquet", "dapo-math-17k-eng.parquet"]
     sources = {name: {r["data_source"] for r in rows} for name, rows in files.items()}
-    assert sources == {"dapo-math-17k-eng.parquet": {"math_dapo"}, "aime-2024.parquet": {"math_dapo"},
-                       "aime-2025.parquet": {"aime2025"}, "amc-2023.parquet": {"amc_23"}}
+    assert sources == {
+        "dapo-math-17k-eng.parquet": {"math_dapo"},
+        "aime-2024.parquet": {"math_dapo"},
+        "aime-2025.parquet": {"aime2025"},
+        "amc-2023.parquet": {"amc_23"},
+    }
     # Every set: one row per problem, numbered by position (the k samples of accuracy@k come from the
     # sampler); templated prompts unwrapped to the raw problem (not templated twice).
     assert [r["extra_info"]["index"] for r in files["amc-2023.parquet"]] == [0, 1]
     train = files["dapo-math-17k-eng.parquet"]
-    assert [(r["extra_info"]["index"], r["extra_info"]["raw_problem"]) for r in train] == [(0, "Train on $1+2$."), (1, "And $2+2$.")]
+    assert [(r["extra_info"]["index"], r["extra_info"]["raw_problem"]) for r in train] == [
+        (0, "Train on $1+2$."),
+        (1, "And $2+2$."),
+    ]
     assert train[0]["prompt"][0]["content"] == PAPER_PROMPT.format("Train on $1+2$.")
 
 
@@ -159,16 +169,30 @@ def test_repeat_is_gone_files_hold_one_row_per_problem(tmp_path):
 def test_appendix_benchmarks_and_the_papers_training_file_from_local_copies(tmp_path):
     """Minerva-Math and OlympiadBench (Table 7) with the paper's data_source names, and the English DAPO file
     (verl rows, as the paper's repository ships it): read from local files shaped like their hub copies."""
-    minerva = write_jsonl(tmp_path / "minerva.jsonl", [{"question": "Mass of $X$ in kg?", "answer": "3.5"},
-                                                       {"question": "Speed?", "answer": "12"}])
+    minerva = write_jsonl(
+        tmp_path / "minerva.jsonl",
+        [{"question": "Mass of $X$ in kg?", "answer": "3.5"}, {"question": "Speed?", "answer": "12"}],
+    )
     olympiad = tmp_path / "olympiad.parquet"
-    pq.write_table(pa.Table.from_pylist([{"question": "Find all $n$.", "final_answer": ["$1$", "$2$"]},
-                                         {"question": "Find $x$.", "final_answer": ["$7$"]}]), olympiad)
+    pq.write_table(
+        pa.Table.from_pylist(
+            [
+                {"question": "Find all $n$.", "final_answer": ["$1$", "$2$"]},
+                {"question": "Find $x$.", "final_answer": ["$7$"]},
+            ]
+        ),
+        olympiad,
+    )
     english = tmp_path / "dapo-math-17k-eng.parquet"
     rows = [dapo_row(p, str(i), f"u{i}") for i, p in enumerate(["Add $1$ and $2$.", "Square $3$.", "求 $x$ 的值。"])]
     pq.write_table(pa.Table.from_pylist(rows), english)
-    result = run(f"minerva_math={minerva}", f"olympiadbench={olympiad}", f"dapo-math-17k={english}",
-                 "--out", str(tmp_path / "data"))
+    result = run(
+        f"minerva_math={minerva}",
+        f"olympiadbench={olympiad}",
+        f"dapo-math-17k={english}",
+        "--out",
+        str(tmp_path / "data"),
+    )
     assert result.exit_code == 0, result.output
     written = {p.name: rows_of(p) for p in (tmp_path / "data").iterdir()}
     assert {r["data_source"] for r in written["minerva-math.parquet"]} == {"minerva_math"}
@@ -176,7 +200,9 @@ def test_appendix_benchmarks_and_the_papers_training_file_from_local_copies(tmp_
     assert {r["data_source"] for r in written["olympiadbench.parquet"]} == {"olympiadbench"}
     # the English filter stays on as a fallback (the original DAPO-Math-17k has Chinese problems)
     assert [r["extra_info"]["raw_problem"] for r in written["dapo-math-17k-eng.parquet"]] == [
-        "Add $1$ and $2$.", "Square $3$."]
+        "Add $1$ and $2$.",
+        "Square $3$.",
+    ]
     assert re.search(r"│ dapo-math-17k .*│\s+3 │ 1 non-English\s+│\s+2 │", result.stdout)  # problems it holds
     # rpg eval knows them as benchmarks, by the names the paper's Table 7 uses
     from rpg_cli.evaluation.plan import benchmark_files, load_benchmark
@@ -200,9 +226,15 @@ def test_prepared_file_prepares_to_itself(three_formats, tmp_path):
 
 def _comparable(row: dict) -> tuple:
     """Everything of a row except extra_info.index, whose meaning differs between the paper's files."""
-    return (row["data_source"], tuple((m["role"], m["content"]) for m in row["prompt"]), row["ability"],
-            row["reward_model"]["ground_truth"], row["reward_model"]["style"],
-            row["extra_info"]["raw_problem"], row["extra_info"]["split"])
+    return (
+        row["data_source"],
+        tuple((m["role"], m["content"]) for m in row["prompt"]),
+        row["ability"],
+        row["reward_model"]["ground_truth"],
+        row["reward_model"]["style"],
+        row["extra_info"]["raw_problem"],
+        row["extra_info"]["split"],
+    )
 
 
 @needs_reference
@@ -236,8 +268,11 @@ def test_output_schema_is_exactly_the_paper_schema(three_formats, tmp_path):
 
 @needs_reference
 def test_the_paper_eval_problems_count_as_english():
-    problems = {r["extra_info"]["raw_problem"] for name, _, _ in REFERENCE.values()
-                for r in pq.read_table(SHARED_DATA / name).to_pylist()}
+    problems = {
+        r["extra_info"]["raw_problem"]
+        for name, _, _ in REFERENCE.values()
+        for r in pq.read_table(SHARED_DATA / name).to_pylist()
+    }
     assert len(problems) == 100
     assert all(is_english(p) for p in problems)
 
@@ -247,15 +282,18 @@ def test_the_paper_eval_problems_count_as_english():
 
 @pytest.fixture
 def broken_jsonl(tmp_path: Path) -> Path:
-    return write_jsonl(tmp_path / "broken.jsonl", [
-        {"problem": "Good $1$?", "answer": "1"},
-        {"problem": "   ", "answer": "2"},  # line 2: empty question
-        "{not json",  # line 3
-        {"problem": "No answer here?"},  # line 4: missing answer
-        {"problem": "Null answer?", "answer": None},  # line 5
-        "[1, 2]",  # line 6: not an object
-        {"problem": "Good $2$?", "answer": 2},
-    ])
+    return write_jsonl(
+        tmp_path / "broken.jsonl",
+        [
+            {"problem": "Good $1$?", "answer": "1"},
+            {"problem": "   ", "answer": "2"},  # line 2: empty question
+            "{not json",  # line 3
+            {"problem": "No answer here?"},  # line 4: missing answer
+            {"problem": "Null answer?", "answer": None},  # line 5
+            "[1, 2]",  # line 6: not an object
+            {"problem": "Good $2$?", "answer": 2},
+        ],
+    )
 
 
 def test_malformed_rows_are_skipped_and_reported_by_line(broken_jsonl, tmp_path):
@@ -263,7 +301,11 @@ def test_malformed_rows_are_skipped_and_reported_by_line(broken_jsonl, tmp_path)
     assert result.exit_code == 0, result.output
     reported = re.findall(r"line (\d+): (.+)", result.stderr)
     assert [(int(n), why.split(" (")[0]) for n, why in reported] == [
-        (2, "empty question"), (3, "invalid JSON"), (4, "missing answer"), (5, "missing answer"), (6, "not a JSON object"),
+        (2, "empty question"),
+        (3, "invalid JSON"),
+        (4, "missing answer"),
+        (5, "missing answer"),
+        (6, "not a JSON object"),
     ]
     rows = rows_of(tmp_path / "out" / "broken.parquet")
     assert [r["extra_info"]["raw_problem"] for r in rows] == ["Good $1$?", "Good $2$?"]
@@ -293,8 +335,13 @@ def test_strict_makes_malformed_rows_fatal_and_writes_nothing(broken_jsonl, tmp_
 
 def test_unreachable_hub_fails_in_one_line_naming_the_local_file_option(tmp_path):
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_HOME": str(tmp_path / "hf"), "HF_DATASETS_OFFLINE": "1"}
-    proc = subprocess.run([sys.executable, "-m", "rpg_cli", "prepare-data", "amc23", "--out", str(tmp_path / "out")],
-                          env=env, capture_output=True, text=True, timeout=120)
+    proc = subprocess.run(
+        [sys.executable, "-m", "rpg_cli", "prepare-data", "amc23", "--out", str(tmp_path / "out")],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert proc.returncode == 2
     lines = proc.stderr.strip().splitlines()
     assert len(lines) == 1, proc.stderr
@@ -311,18 +358,28 @@ def test_hub_source_is_read_through_datasets(tmp_path):
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_HOME": str(tmp_path / "hf"), "COLUMNS": "250"}
 
     def rpg(*args):
-        return subprocess.run([sys.executable, "-m", "rpg_cli", "prepare-data", *args], cwd=tmp_path, env=env,
-                              capture_output=True, text=True, timeout=120)
+        return subprocess.run(
+            [sys.executable, "-m", "rpg_cli", "prepare-data", *args],
+            cwd=tmp_path,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
 
     one_split = rpg("aime24=hf:someone/aime", "--out", "out")
     assert one_split.returncode == 0, one_split.stderr
     rows = rows_of(tmp_path / "out" / "aime-2024.parquet")
     assert [(r["extra_info"]["raw_problem"], r["reward_model"]["ground_truth"]) for r in rows] == [
-        ("P1?", "1"), ("P2?", "2")]
+        ("P1?", "1"),
+        ("P2?", "2"),
+    ]
 
     write_jsonl(folder / "test.jsonl", [{"problem": "T?", "answer": "3"}])
     two_splits = rpg("aime24=hf:someone/aime", "--out", "out2")
-    assert two_splits.returncode == 2 and "has splits train, test; pick one as hf:someone/aime@SPLIT" in two_splits.stderr
+    assert (
+        two_splits.returncode == 2 and "has splits train, test; pick one as hf:someone/aime@SPLIT" in two_splits.stderr
+    )
     chosen = rpg("aime24=hf:someone/aime@test", "--out", "out3")
     assert chosen.returncode == 0, chosen.stderr
     assert [r["extra_info"]["raw_problem"] for r in rows_of(tmp_path / "out3" / "aime-2024.parquet")] == ["T?"]
@@ -356,11 +413,18 @@ def test_missing_datasets_package_is_one_line(tmp_path, monkeypatch):
 def dapo_like(tmp_path: Path) -> Path:
     """A small DAPO-Math-17k: verbatim repeats, near-duplicates, and Chinese/Russian problems."""
     english = [f"Let $n={i}$. Find the number of divisors of $n^2+1$." for i in range(5)]
-    rows = [dapo_row(p, str(i), f"u{i}-{copy}") for copy in range(3) for i, p in enumerate(english)]  # 10 verbatim repeats
+    rows = [
+        dapo_row(p, str(i), f"u{i}-{copy}") for copy in range(3) for i, p in enumerate(english)
+    ]  # 10 verbatim repeats
     rows.append(dapo_row("  let $N=0$.  find the number of DIVISORS of $n^2+1$.", "0", "case"))  # same as problem 0
     rows.append(dapo_row(english[1], "999", "conflict"))  # same problem, other answer
-    chinese = ["已知 $x^2+\\frac{1}{x^2}=7$，求 $x+\\frac{1}{x}$ 的正值。", "设 $a,b$ 为正整数，且 $a+b=10$，求 $ab$ 的最大值。"]
-    rows += [dapo_row(p, "3", f"zh{i}-{copy}") for copy in range(2) for i, p in enumerate(chinese)]  # 2 problems + 2 repeats
+    chinese = [
+        "已知 $x^2+\\frac{1}{x^2}=7$，求 $x+\\frac{1}{x}$ 的正值。",
+        "设 $a,b$ 为正整数，且 $a+b=10$，求 $ab$ 的最大值。",
+    ]
+    rows += [
+        dapo_row(p, "3", f"zh{i}-{copy}") for copy in range(2) for i, p in enumerate(chinese)
+    ]  # 2 problems + 2 repeats
     rows.append(dapo_row("Найдите сумму всех целых $x$, для которых $x^2<10$.", "0", "ru"))
     rows.append(dapo_row("Li Hua (李华) has $3$ apples and eats $1$. How many apples are left?", "2", "name"))
     path = tmp_path / "dapo.parquet"
@@ -385,7 +449,10 @@ def test_english_filter_and_dedup_counts(dapo_like, tmp_path):
 
 def test_filters_can_be_switched_off(dapo_like, tmp_path):
     options = SourceOptions(english_only=False)
-    assert collect(resolve_sources([f"dapo-math-17k={dapo_like}"], out_dir=tmp_path, options=options)[0]).report.problems == 9
+    assert (
+        collect(resolve_sources([f"dapo-math-17k={dapo_like}"], out_dir=tmp_path, options=options)[0]).report.problems
+        == 9
+    )
     options = SourceOptions(dedup=False)
     report = collect(resolve_sources([f"dapo-math-17k={dapo_like}"], out_dir=tmp_path, options=options)[0]).report
     assert report.dropped == {"non-English": 5} and report.problems == 23 - 5
@@ -461,8 +528,17 @@ def test_unknown_field_lists_the_fields(three_formats, tmp_path):
 def test_help_teaches_by_example():
     result = run("--help")
     assert result.exit_code == 0
-    for text in ("dapo-math-17k", "aime24", "amc23", "minerva_math", "olympiadbench", "--question-field", "--strict",
-                 "rpg prepare-data aime24=aime24.jsonl", "hf:BytedTsinghua-SIA/DAPO-Math-17k@train"):
+    for text in (
+        "dapo-math-17k",
+        "aime24",
+        "amc23",
+        "minerva_math",
+        "olympiadbench",
+        "--question-field",
+        "--strict",
+        "rpg prepare-data aime24=aime24.jsonl",
+        "hf:BytedTsinghua-SIA/DAPO-Math-17k@train",
+    ):
         assert text in result.stdout
 
 
@@ -471,9 +547,22 @@ def test_help_teaches_by_example():
 
 @pytest.mark.parametrize(
     ("value", "text"),
-    [(27, "27"), (27.0, "27"), (0.5, "0.5"), ("  336^\\circ ", "336^\\circ"), (["5"], "5"), ("0.50", "0.50"),
-     (None, None), (float("nan"), None), ("  ", None), (True, None), ([1, 2], "1, 2"), (["$3$", " 5 "], "$3$, 5"),
-     ([1, None], None), ([[1], 2], None)],
+    [
+        (27, "27"),
+        (27.0, "27"),
+        (0.5, "0.5"),
+        ("  336^\\circ ", "336^\\circ"),
+        (["5"], "5"),
+        ("0.50", "0.50"),
+        (None, None),
+        (float("nan"), None),
+        ("  ", None),
+        (True, None),
+        ([1, 2], "1, 2"),
+        (["$3$", " 5 "], "$3$, 5"),
+        ([1, None], None),
+        ([[1], 2], None),
+    ],
 )
 def test_answer_text(value, text):
     assert answer_text(value) == text

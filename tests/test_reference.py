@@ -11,10 +11,25 @@ import torch
 from rpg_cli.algorithms.kl import reference_kl
 from rpg_cli.spec import DEFAULT_KL_EMA, Every, ExperimentSpec, ReferenceTracker, SpecError, _validate, load_sweep
 
-BASE = dict(algorithm="rpg", kl="urkl", beta=1e-3, clip={"eps_low": 0.2, "eps_high": 0.28}, optimizer="adamw",
-            context="2k", model="m", data={"train_files": ["t.parquet"]}, train_batch_size=4, rollout_n=2,
-            ppo_mini_batch_size=2, lr=1e-6, steps=10, seed=0, save_every=5, backend="local",
-            resources={"nodes": 1, "gpus_per_node": 0, "cpus": 1})
+BASE = dict(
+    algorithm="rpg",
+    kl="urkl",
+    beta=1e-3,
+    clip={"eps_low": 0.2, "eps_high": 0.28},
+    optimizer="adamw",
+    context="2k",
+    model="m",
+    data={"train_files": ["t.parquet"]},
+    train_batch_size=4,
+    rollout_n=2,
+    ppo_mini_batch_size=2,
+    lr=1e-6,
+    steps=10,
+    seed=0,
+    save_every=5,
+    backend="local",
+    resources={"nodes": 1, "gpus_per_node": 0, "cpus": 1},
+)
 
 
 def spec_with(reference) -> ExperimentSpec:
@@ -24,13 +39,16 @@ def spec_with(reference) -> ExperimentSpec:
 # ---------------------------------------------------------------- the spec field
 
 
-@pytest.mark.parametrize("reference, canonical", [
-    ("iterative", "iterative"),
-    ("frozen", "frozen"),
-    ({"every": 5}, {"every": 5}),  # as before the KL target existed: the run ids of every-K runs are unchanged
-    ({"kl_target": 0.05}, {"kl_target": 0.05, "ema": DEFAULT_KL_EMA}),  # the average's weight is spelled out
-    ({"kl_target": 0.05, "ema": 0.3, "every": 20}, {"every": 20, "kl_target": 0.05, "ema": 0.3}),
-])
+@pytest.mark.parametrize(
+    "reference, canonical",
+    [
+        ("iterative", "iterative"),
+        ("frozen", "frozen"),
+        ({"every": 5}, {"every": 5}),  # as before the KL target existed: the run ids of every-K runs are unchanged
+        ({"kl_target": 0.05}, {"kl_target": 0.05, "ema": DEFAULT_KL_EMA}),  # the average's weight is spelled out
+        ({"kl_target": 0.05, "ema": 0.3, "every": 20}, {"every": 20, "kl_target": 0.05, "ema": 0.3}),
+    ],
+)
 def test_reference_forms_and_their_canonical_json(reference, canonical):
     spec = spec_with(reference)
     assert spec.canonical()["reference"] == canonical
@@ -38,18 +56,23 @@ def test_reference_forms_and_their_canonical_json(reference, canonical):
     assert spec_with(canonical).run_id == spec.run_id
 
 
-@pytest.mark.parametrize("reference, message", [
-    ({"kl_target": -1}, "reference.kl_target: got -1; allowed: > 0"),
-    ({"kl_target": 0.1, "ema": 0}, "reference.ema: got 0; allowed: > 0"),
-    ({"kl_target": 0.1, "ema": 1.5}, "reference.ema: got 1.5; allowed: <= 1"),
-    ({"every": 0}, "reference.every: got 0; allowed: >= 1"),
-    ({"every": True}, "reference.every: got True (bool)"),
-    ({"every": 2, "ema": 0.1}, "reference: got {'every': 2, 'ema': 0.1}: ema is the KL average's weight; "
-                               "allowed: ema with kl_target"),
-    ({}, "reference: got {}; allowed: iterative, frozen, {every: K}, {kl_target: kappa, ema: alpha}"),
-    ({"kl": 0.1}, "reference.kl: unknown field; allowed: every, kl_target, ema"),
-    ("sometimes", "reference: got 'sometimes'; allowed: iterative, frozen"),
-])
+@pytest.mark.parametrize(
+    "reference, message",
+    [
+        ({"kl_target": -1}, "reference.kl_target: got -1; allowed: > 0"),
+        ({"kl_target": 0.1, "ema": 0}, "reference.ema: got 0; allowed: > 0"),
+        ({"kl_target": 0.1, "ema": 1.5}, "reference.ema: got 1.5; allowed: <= 1"),
+        ({"every": 0}, "reference.every: got 0; allowed: >= 1"),
+        ({"every": True}, "reference.every: got True (bool)"),
+        (
+            {"every": 2, "ema": 0.1},
+            "reference: got {'every': 2, 'ema': 0.1}: ema is the KL average's weight; allowed: ema with kl_target",
+        ),
+        ({}, "reference: got {}; allowed: iterative, frozen, {every: K}, {kl_target: kappa, ema: alpha}"),
+        ({"kl": 0.1}, "reference.kl: unknown field; allowed: every, kl_target, ema"),
+        ("sometimes", "reference: got 'sometimes'; allowed: iterative, frozen"),
+    ],
+)
 def test_a_bad_reference_names_its_field_in_one_line(reference, message):
     with pytest.raises(SpecError) as caught:
         spec_with(reference)
@@ -61,10 +84,21 @@ def test_a_sweep_grid_of_references_is_checked_value_by_value(tmp_path):
     sweep.write_text(json.dumps({"name": "s", "base": BASE, "grid": {"reference": ["frozen", {"kl_target": -0.5}]}}))
     with pytest.raises(SpecError, match=r"grid\.reference\[1\]\.kl_target: got -0\.5; allowed: > 0"):
         load_sweep(sweep)
-    sweep.write_text(json.dumps({"name": "s", "base": BASE,
-                                 "grid": {"reference": ["iterative", "frozen", {"every": 3}, {"kl_target": 0.1}]}}))
+    sweep.write_text(
+        json.dumps(
+            {
+                "name": "s",
+                "base": BASE,
+                "grid": {"reference": ["iterative", "frozen", {"every": 3}, {"kl_target": 0.1}]},
+            }
+        )
+    )
     assert [s.reference for s in load_sweep(sweep).expand()] == [
-        "iterative", "frozen", Every(every=3), Every(kl_target=0.1, ema=DEFAULT_KL_EMA)]
+        "iterative",
+        "frozen",
+        Every(every=3),
+        Every(kl_target=0.1, ema=DEFAULT_KL_EMA),
+    ]
 
 
 # ---------------------------------------------------------------- the schedule
@@ -158,5 +192,5 @@ def test_reference_kl_estimates_kl_from_the_sampling_policy_to_the_reference():
     tokens = torch.multinomial(log_old.exp(), 400_000, replacement=True, generator=g).view(400, 1000)
     estimate = reference_kl(log_old[tokens], log_ref[tokens], torch.ones_like(tokens))
     k3 = (log_ref - log_old).exp() - 1 - (log_ref - log_old)
-    stderr = ((log_old.exp() * k3.square()).sum() - exact.square()).sqrt() / 400_000 ** 0.5
+    stderr = ((log_old.exp() * k3.square()).sum() - exact.square()).sqrt() / 400_000**0.5
     assert abs(estimate - exact) < 4 * stderr

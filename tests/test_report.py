@@ -68,8 +68,17 @@ class Filler:
     def evals(self, run_id: str, bench: str, values: dict[int, float], metric: str = "mean@32", k: int = 32,
               scorer: str = "dapo", **protocol) -> None:  # fmt: skip
         self.store.record_evals(
-            {"run_id": run_id, "step": step, "benchmark": bench, "metric": metric, "k": k, "value": v,
-             "scorer": scorer, "scorer_version": "1", **{**PROTOCOL, **protocol}}  # fmt: skip
+            {
+                "run_id": run_id,
+                "step": step,
+                "benchmark": bench,
+                "metric": metric,
+                "k": k,
+                "value": v,
+                "scorer": scorer,
+                "scorer_version": "1",
+                **{**PROTOCOL, **protocol},
+            }  # fmt: skip
             for step, v in values.items()
         )
 
@@ -235,14 +244,21 @@ def test_groups_by_model_and_context_and_names_variants(store, fill):
     other = fill.run(spec("grpo", model="Qwen/Qwen2.5-7B-Instruct", context="2k"))
     fill.evals(other, "aime24", {10: 0.2})
     table = report.build_table(store)
-    assert [(g.model, g.context) for g in table.groups] == [("Qwen2.5-7B-Instruct", "2K"), ("Qwen3-4B", "2K"), ("Qwen3-4B", "8K")]
+    assert [(g.model, g.context) for g in table.groups] == [
+        ("Qwen2.5-7B-Instruct", "2K"),
+        ("Qwen3-4B", "2K"),
+        ("Qwen3-4B", "8K"),
+    ]
     assert [r.method for r in table.groups[0].rows] == ["GRPO"]
     assert [r.method for r in table.groups[1].rows] == [
         "RPG-REINFORCE-URKL (clip 0.1/0.1, AdamW)",
         "RPG-REINFORCE-URKL (clip 0.2/0.28, AdamW)",
         "RPG-REINFORCE-URKL (clip 0.2/0.28, Schedule-Free)",
     ]
-    assert [r.method for r in table.groups[2].rows] == ["RPG-REINFORCE-URKL (AdamW)", "RPG-REINFORCE-URKL (Schedule-Free)"]
+    assert [r.method for r in table.groups[2].rows] == [
+        "RPG-REINFORCE-URKL (AdamW)",
+        "RPG-REINFORCE-URKL (Schedule-Free)",
+    ]
 
 
 # --------------------------------------------------------------------------- --compare-paper
@@ -297,7 +313,9 @@ def test_packaged_paper_results_match_the_reference_copy():
     if not reference.is_file():
         pytest.skip(f"no reference data at {shared}")
     packaged = resources.files("rpg_cli").joinpath("data", "paper_results.csv").read_text(encoding="utf-8")
-    assert list(csv.DictReader(io.StringIO(packaged))) == list(csv.DictReader(io.StringIO(reference.read_text(encoding="utf-8"))))
+    assert list(csv.DictReader(io.StringIO(packaged))) == list(
+        csv.DictReader(io.StringIO(reference.read_text(encoding="utf-8")))
+    )
 
 
 def test_paper_results_data_file_covers_the_papers_tables():
@@ -477,7 +495,9 @@ def test_plot_figure_has_one_line_per_method_with_its_band(store, curves):
     assert stats.BAND_MEANING in fig._suptitle.get_text()
     # the mean of the two RPG-URKL seeds (rewards step/20 and step/20 + 0.1), its band the t interval
     rpg = axes[0].get_lines()[2]
-    band = stats.curve_band([(range(1, 21), [s / 20 for s in range(1, 21)]), (range(1, 21), [s / 20 + 0.1 for s in range(1, 21)])])
+    band = stats.curve_band(
+        [(range(1, 21), [s / 20 for s in range(1, 21)]), (range(1, 21), [s / 20 + 0.1 for s in range(1, 21)])]
+    )
     assert list(rpg.get_ydata()) == pytest.approx(list(band.mean))
     (verts,) = axes[0].collections[2].get_paths()
     assert verts.vertices[:, 1].max() == pytest.approx(band.high.max())

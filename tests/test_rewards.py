@@ -129,9 +129,49 @@ def test_dapo_returns_promptly_on_adversarial_input(response, acc):
 
 @needs_verl
 def test_normalization_equals_verl_on_random_token_soup():
-    pieces = ["1", "23", ",", " ", "=", "$", "\\$", ".", "a ", "an ", "\\text{", "\\textbf{", "}", "{", "\\boxed{",
-              "frac", "\\frac", "sqrt", "\\sqrt", "ab", "^\\circ", "^{\\circ}", "un", "its", "cm", "\\!", "\\;", '"',
-              "\\ldots", "\\dots", "mbox", "\\text{and}", "\n", "\t", "x", "\\overline{", "²", "é", "-", "^2", "\\mathrm{th}"]
+    pieces = [
+        "1",
+        "23",
+        ",",
+        " ",
+        "=",
+        "$",
+        "\\$",
+        ".",
+        "a ",
+        "an ",
+        "\\text{",
+        "\\textbf{",
+        "}",
+        "{",
+        "\\boxed{",
+        "frac",
+        "\\frac",
+        "sqrt",
+        "\\sqrt",
+        "ab",
+        "^\\circ",
+        "^{\\circ}",
+        "un",
+        "its",
+        "cm",
+        "\\!",
+        "\\;",
+        '"',
+        "\\ldots",
+        "\\dots",
+        "mbox",
+        "\\text{and}",
+        "\n",
+        "\t",
+        "x",
+        "\\overline{",
+        "²",
+        "é",
+        "-",
+        "^2",
+        "\\mathrm{th}",
+    ]
     rng = random.Random(0)
     for _ in range(20_000):
         text = "".join(rng.choice(pieces) for _ in range(rng.randint(0, 12)))
@@ -241,7 +281,11 @@ def test_score_with_math_verify_uses_the_shared_pool():
 
 def test_compute_score_routes_math_sources_to_dapo(eval_rows):
     for source in sorted({row["data_source"] for row in eval_rows}) + ["math_dapo", "aime24", "amc23", "dapo_math_17k"]:
-        assert compute_score(source, "Answer: 5", "5", extra_info={"index": 0}) == {"score": 1.0, "acc": True, "pred": "5"}
+        assert compute_score(source, "Answer: 5", "5", extra_info={"index": 0}) == {
+            "score": 1.0,
+            "acc": True,
+            "pred": "5",
+        }
         assert compute_score(source, "Answer: 0.5", "\\frac{1}{2}")["acc"] is False  # dapo by default
 
 

@@ -33,7 +33,9 @@ N_SIMS = 1000
 N_RESAMPLES = 500  # per simulated interval (noise in the endpoints, if anything, lowers coverage slightly)
 
 
-def simulate(rng: np.random.Generator, n_seeds: int, rates: np.ndarray, seed_effect: float) -> tuple[np.ndarray, np.ndarray]:
+def simulate(
+    rng: np.random.Generator, n_seeds: int, rates: np.ndarray, seed_effect: float
+) -> tuple[np.ndarray, np.ndarray]:
     a = rng.uniform(-seed_effect, seed_effect, size=n_seeds)
     p = rates[None, :] + a[:, None] * rates * (1 - rates)
     return rng.binomial(K, p) / K, a
@@ -195,7 +197,9 @@ def test_p_improvement_overall_is_the_mean_over_benchmarks():
     rng = np.random.default_rng(2)
     a = Runs({"x": rng.random((3, 5)), "y": rng.random((3, 9))})
     b = Runs({"x": rng.random((3, 5)), "y": rng.random((3, 9))})
-    expected = (enumerate_p_improvement(a.scores["x"], b.scores["x"]) + enumerate_p_improvement(a.scores["y"], b.scores["y"])) / 2
+    expected = (
+        enumerate_p_improvement(a.scores["x"], b.scores["x"]) + enumerate_p_improvement(a.scores["y"], b.scores["y"])
+    ) / 2
     assert stats.p_improvement(a, b).estimate == pytest.approx(expected)
 
 
@@ -396,8 +400,12 @@ def test_formatting():
         (lambda: stats.score(Runs({"x": [[0.1]]}), "y"), "no scores for benchmark 'y'"),
         (lambda: stats.compare(Runs({"x": [[0.1, 0.2]]}), Runs({"x": [[0.1]]}), "x"), "same problem set"),
         (lambda: stats.compare(Runs({"x": [[0.1]], "y": [[0.1]]}), Runs({"x": [[0.1]]})), "same benchmarks"),
-        (lambda: stats.compare(Runs({"x": [[0.1]]}, problems={"x": ["p1"]}), Runs({"x": [[0.1]]}, problems={"x": ["p2"]}), "x"),
-         "different problems"),  # fmt: skip
+        (
+            lambda: stats.compare(
+                Runs({"x": [[0.1]]}, problems={"x": ["p1"]}), Runs({"x": [[0.1]]}, problems={"x": ["p2"]}), "x"
+            ),
+            "different problems",
+        ),  # fmt: skip
         (lambda: stats.curve_band([]), "no curves"),
         (lambda: stats.curve_band([([], [])]), "no points"),
         (lambda: stats.curve_band([([1, 2], [0.1])]), "2 steps but 1 values"),

@@ -234,7 +234,9 @@ def test_latest_values_per_key_and_run(store, tmp_path):
     for i, p in enumerate(plans):
         path = tmp_path / f"m{i}.jsonl"
         # validation keys are logged every 5 steps only: their latest step differs from the run's
-        path.write_text("".join(line(s, loss=s * (i + 1), **({"val": s / 10} if s % 5 == 0 else {})) for s in range(1, 13 + i)))
+        path.write_text(
+            "".join(line(s, loss=s * (i + 1), **({"val": s / 10} if s % 5 == 0 else {})) for s in range(1, 13 + i))
+        )
         store.ingest_metrics(p.id, path)
     got = store.latest_values([p.id for p in plans], ["loss", "val", "absent"])
     assert got == {
@@ -275,7 +277,16 @@ def test_four_processes_ingesting_at_once_lose_no_row(tmp_path):
     go = tmp_path / "go"
     procs = [
         subprocess.Popen(
-            [sys.executable, "-c", WORKER, db, plan(i, tmp_path).id, str(tmp_path / f"own{i}.jsonl"), str(shared), str(go)],
+            [
+                sys.executable,
+                "-c",
+                WORKER,
+                db,
+                plan(i, tmp_path).id,
+                str(tmp_path / f"own{i}.jsonl"),
+                str(shared),
+                str(go),
+            ],
             stderr=subprocess.PIPE,
             text=True,
         )
@@ -311,7 +322,12 @@ def test_evals_and_samples_upsert_on_their_keys(store, tmp_path):
     key = {"run_id": p.id, "step": 400, "benchmark": "aime2025", "metric": "mean@32", "k": 32, "scorer": "answer",
            **protocol}  # fmt: skip
     assert store.record_evals([{**key, "value": 0.25, "scorer_version": "1"}]) == 1
-    store.record_evals([{**key, "value": 0.3, "scorer_version": "2"}, {**key, "metric": "pass@32", "value": 0.6, "scorer_version": "2"}])
+    store.record_evals(
+        [
+            {**key, "value": 0.3, "scorer_version": "2"},
+            {**key, "metric": "pass@32", "value": 0.6, "scorer_version": "2"},
+        ]
+    )
     sample = {"run_id": p.id, "step": 400, "benchmark": "aime2025", "problem": "3a5f", "sample_index": 0,
               "scorer": "answer", "position": 3, **protocol}  # fmt: skip
     store.record_samples([{**sample, "extracted": "17", "correct": False, "response_length": 900}])
@@ -329,7 +345,10 @@ def test_evals_and_samples_upsert_on_their_keys(store, tmp_path):
         store.record_samples([{k: v for k, v in sample.items() if k != "n"} | {"correct": True}])
     with sqlite3.connect(store.engine.url.database) as con:
         assert sorted(con.execute("SELECT n, metric, value FROM evals").fetchall()) == [
-            (8, "mean@32", 0.1), (32, "mean@32", 0.3), (32, "pass@32", 0.6)]  # nothing overwritten
+            (8, "mean@32", 0.1),
+            (32, "mean@32", 0.3),
+            (32, "pass@32", 0.6),
+        ]  # nothing overwritten
 
 
 # ---------------------------------------------------------------------------------- run_states
@@ -445,7 +464,10 @@ def test_a_database_written_before_schema_versions_opens_with_nothing_lost(tmp_p
                                                     "val-core/aime2025/acc/mean@32": 0.2})  # fmt: skip
             assert store.last_steps(runs) == dict.fromkeys(runs, 4)
             assert sorted(store.eval_values("v1run001", 4, "aime24", "dapo", ["mean@k", "pass@k"], v1)) == [
-                ("mean@k", 4, 0.25), ("pass@k", 1, 0.25), ("pass@k", 4, 0.75)]  # pass@1 of the n = 4 evaluation
+                ("mean@k", 4, 0.25),
+                ("pass@k", 1, 0.25),
+                ("pass@k", 4, 0.75),
+            ]  # pass@1 of the n = 4 evaluation
             assert store.stored_samples("v1run001", 4, "aime24", "dapo", v1)["position-1"][1] == ("1", True)
             assert [r.id for r in store.runs(sweep="old")] == ["v1run001", "v1run002"]  # membership: its sweep
             assert [r.id for r in store.runs(sweep="other")] == ["v1run003"]
@@ -461,13 +483,17 @@ def test_a_database_written_before_schema_versions_opens_with_nothing_lost(tmp_p
         evals = con.execute("SELECT run_id, step, benchmark, metric, k, scorer, value, scorer_version, n FROM evals")
         assert sorted(r[:-1] for r in evals.fetchall()) == sorted(before["evals"])
         assert con.execute("SELECT DISTINCT n, temperature, top_p, max_tokens, seed FROM evals").fetchall() == [
-            tuple(v1.values())]
+            tuple(v1.values())
+        ]
         samples = con.execute("SELECT run_id, step, benchmark, position, sample_index, scorer, extracted, correct,"
                               " response_length, problem, n FROM samples").fetchall()  # fmt: skip
         assert sorted(r[:-2] for r in samples) == sorted(before["samples"])
         assert {(r[3], r[9], r[10]) for r in samples} == {(0, "position-0", 4), (1, "position-1", 4)}
         assert con.execute("SELECT sweep, run_id FROM sweep_runs ORDER BY run_id").fetchall() == [
-            ("old", "v1run001"), ("old", "v1run002"), ("other", "v1run003")]
+            ("old", "v1run001"),
+            ("old", "v1run002"),
+            ("other", "v1run003"),
+        ]
 
 
 def test_a_new_version_upgrades_an_older_database_in_place_once(tmp_path, monkeypatch):

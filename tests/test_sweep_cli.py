@@ -11,10 +11,10 @@ from collections import Counter
 from pathlib import Path
 
 import pytest
+from run_inputs import write_inputs
 from typer.testing import CliRunner
 
 from rpg_cli.cli import app
-from run_inputs import write_inputs
 
 REPO = Path(__file__).resolve().parents[1]
 EXPERIMENTS = REPO / "experiments"
@@ -23,8 +23,9 @@ EXPERIMENTS = REPO / "experiments"
 def rpg(*args: str, cwd: Path) -> subprocess.CompletedProcess:
     """The real command line, in a fresh interpreter, from `cwd`."""
     env = {**os.environ, "COLUMNS": "250"}
-    return subprocess.run([sys.executable, "-m", "rpg_cli", *args], cwd=cwd, env=env, capture_output=True,
-                          text=True, timeout=120)
+    return subprocess.run(
+        [sys.executable, "-m", "rpg_cli", *args], cwd=cwd, env=env, capture_output=True, text=True, timeout=120
+    )
 
 
 def snapshot(root: Path) -> dict[str, tuple[int, int]]:
@@ -58,8 +59,16 @@ def test_dry_run_table_lists_the_32_runs_and_writes_nothing(workdir):
 
 def test_dry_run_json_shape_for_the_qwen3_grid(workdir):
     before = snapshot(workdir)
-    result = rpg("sweep", "experiments/paper-qwen3-4b.yaml", "--dry-run", "--format", "json",
-                 "--runs-dir", "elsewhere", cwd=workdir)
+    result = rpg(
+        "sweep",
+        "experiments/paper-qwen3-4b.yaml",
+        "--dry-run",
+        "--format",
+        "json",
+        "--runs-dir",
+        "elsewhere",
+        cwd=workdir,
+    )
     assert result.returncode == 0, result.stderr
     assert snapshot(workdir) == before
     runs = json.loads(result.stdout)
@@ -68,7 +77,11 @@ def test_dry_run_json_shape_for_the_qwen3_grid(workdir):
     assert {r["validation"]["samples_per_problem"] for r in runs} == {32}  # no data here: problems not counted
     assert Counter(r["spec"]["context"] for r in runs) == {"2k": 6, "4k": 8, "8k": 6}
     assert {r["spec"]["algorithm"] for r in runs if r["spec"]["context"] == "8k"} == {
-        "grpo", "dapo", "rpg", "rpg_reinforce"}
+        "grpo",
+        "dapo",
+        "rpg",
+        "rpg_reinforce",
+    }
     assert len({r["id"] for r in runs}) == 20 and all(r["state"] == "new" for r in runs)
     for r in runs:
         assert r["name"].endswith(r["id"]) and len(r["id"]) == 8
@@ -83,8 +96,18 @@ def test_json_spec_is_the_canonical_spec(workdir, monkeypatch):
     from rpg_cli.spec import ExperimentSpec
 
     monkeypatch.chdir(workdir)
-    result = CliRunner().invoke(app, ["sweep", str(workdir / "experiments/paper-qwen3-4b.yaml"), "--dry-run",
-                                      "--format", "json", "--backend", "local"])
+    result = CliRunner().invoke(
+        app,
+        [
+            "sweep",
+            str(workdir / "experiments/paper-qwen3-4b.yaml"),
+            "--dry-run",
+            "--format",
+            "json",
+            "--backend",
+            "local",
+        ],
+    )
     assert result.exit_code == 0, result.output
     runs = json.loads(result.stdout)
     assert len(runs) == 20
@@ -143,8 +166,11 @@ def test_states_come_from_the_store_when_the_database_exists(tmp_path, monkeypat
     result = CliRunner().invoke(app, args, env={"COLUMNS": "250"})
     assert result.exit_code == 0
     n = len(plans)
-    assert f"{n} runs: {n - 3} to submit" in result.stdout and "1 live to re-attach, 1 succeeded, 1 failed/stopped skipped" \
-        in result.stdout and "--retry-failed" in result.stdout
+    assert (
+        f"{n} runs: {n - 3} to submit" in result.stdout
+        and "1 live to re-attach, 1 succeeded, 1 failed/stopped skipped" in result.stdout
+        and "--retry-failed" in result.stdout
+    )
     result = CliRunner().invoke(app, [*args, "--retry-failed"], env={"COLUMNS": "250"})
     assert f"{n} runs: {n - 2} to submit" in result.stdout
 

@@ -23,8 +23,11 @@ from rpg_cli.trackers import axis_tags, cell_id, plan_trackers, verl_env, verl_l
 
 REPO = Path(__file__).resolve().parents[1]
 EXPERIMENTS = REPO / "experiments"
-SECRETS = {"WANDB_API_KEY": "wandbsecret" + "0" * 29, "MLFLOW_TRACKING_TOKEN": "mlflowtokensecret",
-           "MLFLOW_TRACKING_PASSWORD": "mlflowpasswordsecret"}
+SECRETS = {
+    "WANDB_API_KEY": "wandbsecret" + "0" * 29,
+    "MLFLOW_TRACKING_TOKEN": "mlflowtokensecret",
+    "MLFLOW_TRACKING_PASSWORD": "mlflowpasswordsecret",
+}
 
 
 def installed(module: str) -> bool:
@@ -34,9 +37,12 @@ def installed(module: str) -> bool:
 
 
 needs_wandb = pytest.mark.skipif(not installed("wandb"), reason="wandb is not installed (pip install 'rpg-cli[wandb]')")
-needs_tensorboard = pytest.mark.skipif(not installed("tensorboard"),
-                                       reason="tensorboard is not installed (pip install 'rpg-cli[tensorboard]')")
-needs_mlflow = pytest.mark.skipif(not installed("mlflow"), reason="mlflow is not installed (pip install 'rpg-cli[mlflow]')")
+needs_tensorboard = pytest.mark.skipif(
+    not installed("tensorboard"), reason="tensorboard is not installed (pip install 'rpg-cli[tensorboard]')"
+)
+needs_mlflow = pytest.mark.skipif(
+    not installed("mlflow"), reason="mlflow is not installed (pip install 'rpg-cli[mlflow]')"
+)
 MISSING = [m.kwargs["reason"] for m in (needs_wandb, needs_tensorboard, needs_mlflow) if m.args[0]]
 
 
@@ -135,8 +141,10 @@ def read_mlflow(uri: str, mlflow_run_id: str) -> dict[str, list[tuple[int, float
 
     client = MlflowClient(tracking_uri=uri)
     run = client.get_run(mlflow_run_id)
-    return {key: sorted((m.step, m.value) for m in client.get_metric_history(mlflow_run_id, key))
-            for key in run.data.metrics}
+    return {
+        key: sorted((m.step, m.value) for m in client.get_metric_history(mlflow_run_id, key))
+        for key in run.data.metrics
+    }
 
 
 def by_key(steps: dict[int, dict[str, float]]) -> dict[str, dict[int, float]]:
@@ -150,8 +158,14 @@ def by_key(steps: dict[int, dict[str, float]]) -> dict[str, dict[int, float]]:
 # ---------------------------------------------------------------------------------------- the spec
 
 
-TRACKED = {"trackers": {"project": "rpg-test", "wandb": {"mode": "offline"}, "tensorboard": {},
-                        "mlflow": {"tracking_uri": "file:./mlruns"}}}
+TRACKED = {
+    "trackers": {
+        "project": "rpg-test",
+        "wandb": {"mode": "offline"},
+        "tensorboard": {},
+        "mlflow": {"tracking_uri": "file:./mlruns"},
+    }
+}
 
 
 @pytest.mark.parametrize("grid", sorted(EXPERIMENTS.glob("*.yaml")), ids=lambda p: p.stem)
@@ -178,7 +192,10 @@ def test_shorthand_and_one_line_errors_of_the_trackers_field(tmp_path):
     for value, words in [
         (["wandb", "neptune"], "trackers: got 'neptune'; allowed: wandb, tensorboard, mlflow"),
         ({"wandb": {"mode": "sometimes"}}, "trackers.wandb.mode: got 'sometimes'; allowed: 'online' or 'offline'"),
-        ({"mlflow": {"tracking_uri": "https://me:hunter2@mlflow.example.org"}}, "trackers.mlflow.tracking_uri: credentials"),
+        (
+            {"mlflow": {"tracking_uri": "https://me:hunter2@mlflow.example.org"}},
+            "trackers.mlflow.tracking_uri: credentials",
+        ),
     ]:
         with pytest.raises(SpecError) as caught:
             _validate(ExperimentSpec, {**base, "trackers": value})
@@ -198,15 +215,22 @@ def test_group_is_the_cell_and_tags_are_the_axes_the_sweep_varies(tmp_path, monk
         t = p.spec["trackers"]
         groups.setdefault(t["group"], set()).add(p.spec["seed"])
         assert t["group"].startswith(p.name.removesuffix(f"-s{p.spec['seed']}-{p.id}"))
-        assert t["tags"] == ["sweep=bands", f"algorithm={p.spec['algorithm']}", f"kl={p.spec['kl']}",
-                             f"lr={p.spec['lr']!r}", "mine"]
+        assert t["tags"] == [
+            "sweep=bands",
+            f"algorithm={p.spec['algorithm']}",
+            f"kl={p.spec['kl']}",
+            f"lr={p.spec['lr']!r}",
+            "mine",
+        ]
         assert t["tensorboard"]["dir"] == str(tmp_path / "runs" / "tensorboard")
     assert len(groups) == 8 and all(seeds == {0, 1, 2} for seeds in groups.values())  # one band per cell
     assert cell_id(plans[0].spec) == cell_id({**plans[0].spec, "seed": 7, "trackers": None})
     assert cell_id(plans[0].spec) != cell_id({**plans[0].spec, "lr": 1.0})
     # fields that collapse (kl of grpo) or never vary make no tag
     assert axis_tags([{"algorithm": "grpo", "kl": "none", "x": 1}, {"algorithm": "dapo", "kl": "none", "x": 1}]) == [
-        ["algorithm=grpo"], ["algorithm=dapo"]]
+        ["algorithm=grpo"],
+        ["algorithm=dapo"],
+    ]
 
 
 def test_a_missing_extra_is_a_one_line_error_of_the_dry_run(tmp_path, monkeypatch):
@@ -217,11 +241,15 @@ def test_a_missing_extra_is_a_one_line_error_of_the_dry_run(tmp_path, monkeypatc
     sweep_file = tmp_path / "tracked.yaml"
     text = (EXPERIMENTS / "smoke.yaml").read_text().replace("base:\n", "base:\n  trackers: [tensorboard, mlflow]\n", 1)
     sweep_file.write_text(text)
-    result = CliRunner().invoke(app, ["sweep", str(sweep_file), "--dry-run", "--db", str(tmp_path / "r.db"),
-                                      "--runs-dir", str(tmp_path / "runs")])
+    result = CliRunner().invoke(
+        app,
+        ["sweep", str(sweep_file), "--dry-run", "--db", str(tmp_path / "r.db"), "--runs-dir", str(tmp_path / "runs")],
+    )
     assert result.exit_code == 2
     lines = result.output.strip().splitlines()
-    assert lines == ["rpg sweep: trackers.mlflow: mlflow is not installed here; install it with pip install 'rpg-cli[mlflow]'"]
+    assert lines == [
+        "rpg sweep: trackers.mlflow: mlflow is not installed here; install it with pip install 'rpg-cli[mlflow]'"
+    ]
     assert not (tmp_path / "runs").exists()
 
 
@@ -235,7 +263,8 @@ def test_an_mlflow_uri_with_credentials_in_the_environment_is_refused_not_record
     assert "MLFLOW_TRACKING_URI" in str(caught.value) and "hunter2" not in str(caught.value)
     monkeypatch.setenv("MLFLOW_TRACKING_URI", "https://mlflow.example.org")  # credentials in their own env vars
     assert {p.spec["trackers"]["mlflow"]["tracking_uri"] for p in plan_sweep(tracked, tmp_path)} == {
-        "https://mlflow.example.org"}
+        "https://mlflow.example.org"
+    }
 
 
 # ---------------------------------------------------------------------------------------- verl
@@ -244,9 +273,20 @@ def test_an_mlflow_uri_with_credentials_in_the_environment_is_refused_not_record
 def verl_run(tmp_path: Path, monkeypatch) -> tuple[ExperimentSpec, Path]:
     monkeypatch.setattr("rpg_cli.trackers.missing", lambda trackers: None)
     sweep = load_sweep(EXPERIMENTS / "paper-qwen3-4b.yaml")
-    tracked = SweepSpec.model_validate({**sweep.model_dump(), "base": {
-        **sweep.base, "trackers": {"project": "rpg-verl", "wandb": {"mode": "offline"}, "tensorboard": {},
-                                   "mlflow": {"tracking_uri": f"file:{tmp_path / 'mlruns'}"}}}})
+    tracked = SweepSpec.model_validate(
+        {
+            **sweep.model_dump(),
+            "base": {
+                **sweep.base,
+                "trackers": {
+                    "project": "rpg-verl",
+                    "wandb": {"mode": "offline"},
+                    "tensorboard": {},
+                    "mlflow": {"tracking_uri": f"file:{tmp_path / 'mlruns'}"},
+                },
+            },
+        }
+    )
     plan = plan_sweep(tracked, tmp_path / "runs")[0]
     return ExperimentSpec.model_validate(plan.spec), plan.run_dir
 
@@ -286,15 +326,20 @@ def test_verls_own_tracking_reports_where_the_spec_says(tmp_path, monkeypatch, o
     for key, value in cfg.ray_kwargs.ray_init.runtime_env.env_vars.items():
         monkeypatch.setenv(key, str(value))
     run_dir.mkdir(parents=True)
-    tracking = Tracking(cfg.trainer.project_name, cfg.trainer.experiment_name, list(cfg.trainer.logger),
-                        config=OmegaConf.to_container(cfg, resolve=True))
+    tracking = Tracking(
+        cfg.trainer.project_name,
+        cfg.trainer.experiment_name,
+        list(cfg.trainer.logger),
+        config=OmegaConf.to_container(cfg, resolve=True),
+    )
     steps = {1: {"actor/pg_loss": 0.5, "val-core/aime2025/acc/mean@32": 0.25}, 2: {"actor/pg_loss": -0.125}}
     for step, data in steps.items():
         tracking.log(data, step)
     tracking.finish()
 
     assert [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()] == [
-        {"step": s, "data": d} for s, d in steps.items()]
+        {"step": s, "data": d} for s, d in steps.items()
+    ]
     tb = read_tensorboard(Path(os.environ["TENSORBOARD_DIR"]))
     assert tb["actor/pg_loss"] == {1: 0.5, 2: -0.125} and tb["val-core/aime2025/acc/mean@32"] == {1: 0.25}
     (offline,) = (run_dir / "wandb").glob(f"offline-run-*-{wandb_run_id(spec.run_id)}")
@@ -305,8 +350,10 @@ def test_verls_own_tracking_reports_where_the_spec_says(tmp_path, monkeypatch, o
     uri = os.environ["MLFLOW_TRACKING_URI"]
     (found,) = mlflow_runs(uri, "rpg-verl", spec.run_id)
     assert found.data.tags["rpg.group"] == spec.trackers.group and found.info.run_name == spec.run_name
-    assert read_mlflow(uri, found.info.run_id) == {"actor/pg_loss": [(1, 0.5), (2, -0.125)],
-                                                   "val-core/aime2025/acc/mean_at_32": [(1, 0.25)]}
+    assert read_mlflow(uri, found.info.run_id) == {
+        "actor/pg_loss": [(1, 0.5), (2, -0.125)],
+        "val-core/aime2025/acc/mean_at_32": [(1, 0.25)],
+    }
     assert_no_secrets(run_dir, tmp_path / "runs" / "tensorboard", tmp_path / "mlruns")
 
 
@@ -325,7 +372,9 @@ def tracked_toy_run(tmp_path_factory):
     root = tmp_path_factory.mktemp("toy")
     with pytest.MonkeyPatch.context() as mp:
         _offline(mp)
-        mp.setattr("rpg_cli.datasets.toy.warm_up_format", lambda *args, **kwargs: 0.0)  # what it learns is no matter here
+        mp.setattr(
+            "rpg_cli.datasets.toy.warm_up_format", lambda *args, **kwargs: 0.0
+        )  # what it learns is no matter here
         assert CliRunner().invoke(app, ["prepare-data", "--toy", "--out", str(root / "data")]).exit_code == 0
         toy = root / "data" / "toy"
         sweep = SweepSpec.model_validate({"name": "toy", "base": {
@@ -361,7 +410,11 @@ def test_a_toy_run_shows_the_stores_values_at_every_step_in_all_three(tracked_to
     (offline,) = (plan.run_dir / "wandb").glob("offline-run-*")
     run, history, _ = read_wandb_offline(offline)
     assert (run.run_id, run.project, run.run_group, run.job_type) == (
-        wandb_run_id(plan.id), "rpg-toy", spec.trackers.group, "toy")
+        wandb_run_id(plan.id),
+        "rpg-toy",
+        spec.trackers.group,
+        "toy",
+    )
     assert history == metrics
 
     (found,) = mlflow_runs(f"file:{root / 'mlruns'}", "rpg-toy", plan.id)
@@ -379,16 +432,26 @@ def test_a_toy_run_shows_the_stores_values_at_every_step_in_all_three(tracked_to
 def synthetic_store(root: Path) -> tuple[str, list]:
     """A store holding sweep `sw`: 2 cells x 2 seeds, metrics at steps 0-3 (one NaN), evals at steps 2 and 3."""
     base = load_sweep(EXPERIMENTS / "smoke.yaml").base
-    sweep = SweepSpec.model_validate({"name": "sw", "base": {**base, "kl": "urkl"}, "grid": {"algorithm": ["rpg", "rpg_reinforce"]},
-                                      "seeds": [0, 1]})
+    sweep = SweepSpec.model_validate(
+        {"name": "sw", "base": {**base, "kl": "urkl"}, "grid": {"algorithm": ["rpg", "rpg_reinforce"]}, "seeds": [0, 1]}
+    )
     plans = plan_sweep(sweep, root / "runs")
     db = f"sqlite:///{root / 'results.db'}"
     store = open_store(db)
     store.record_plans(plans)
     for i, p in enumerate(plans):
         p.run_dir.mkdir(parents=True)
-        lines = [{"step": s, "data": {"actor/pg_loss": i + s / 8, "val-core/toy_add/acc/mean@8": s / 4,
-                                      "critic/score/mean": float("nan") if s == 1 else s / 2}} for s in range(4)]
+        lines = [
+            {
+                "step": s,
+                "data": {
+                    "actor/pg_loss": i + s / 8,
+                    "val-core/toy_add/acc/mean@8": s / 4,
+                    "critic/score/mean": float("nan") if s == 1 else s / 2,
+                },
+            }
+            for s in range(4)
+        ]
         (p.run_dir / "metrics.jsonl").write_text("".join(json.dumps(line) + "\n" for line in lines))
         store.ingest_metrics(p.id, p.run_dir / "metrics.jsonl")
         store.record_evals([{"run_id": p.id, "step": s, "benchmark": "aime25", "metric": m, "k": k, "scorer": "dapo",
@@ -420,8 +483,9 @@ def same(got: dict, want: dict) -> bool:
     import math
 
     return got.keys() == want.keys() and all(
-        (math.isnan(w) and math.isnan(g)) or g == pytest.approx(w, rel=1e-6) for g, w in zip(
-            [got[k] for k in want], want.values()))
+        (math.isnan(w) and math.isnan(g)) or g == pytest.approx(w, rel=1e-6)
+        for g, w in zip([got[k] for k in want], want.values())
+    )
 
 
 @needs_tensorboard
@@ -464,23 +528,37 @@ def test_evals_under_two_protocols_never_share_a_tracker_key():
     from rpg_cli.trackers.export import eval_metrics
 
     def row(step, value, temperature):
-        return {"step": step, "benchmark": "aime25", "scorer": "dapo", "metric": "mean@k", "k": 8, "value": value,
-                "n": 8, "temperature": temperature, "top_p": 1.0, "max_tokens": 64, "seed": 0}
+        return {
+            "step": step,
+            "benchmark": "aime25",
+            "scorer": "dapo",
+            "metric": "mean@k",
+            "k": 8,
+            "value": value,
+            "n": 8,
+            "temperature": temperature,
+            "top_p": 1.0,
+            "max_tokens": 64,
+            "seed": 0,
+        }
 
     rows = [row(2, 0.5, 1.0), row(3, 0.6, 1.0), row(3, 0.9, 0.6)]  # step 3 scored twice, at T 1.0 and 0.6
-    assert eval_metrics(rows) == {2: {"eval/aime25/dapo/mean@8": 0.5},
-                                  3: {"eval/aime25/dapo/mean@8": 0.6,
-                                      "eval/aime25/dapo/mean@8/n8_T0.6_top_p1_max64_seed0": 0.9}}
+    assert eval_metrics(rows) == {
+        2: {"eval/aime25/dapo/mean@8": 0.5},
+        3: {"eval/aime25/dapo/mean@8": 0.6, "eval/aime25/dapo/mean@8/n8_T0.6_top_p1_max64_seed0": 0.9},
+    }
 
 
 def test_an_offline_reexport_in_the_same_second_replaces_the_earlier_one(tmp_path):
     from rpg_cli.trackers.export import _drop_earlier_offline_runs
 
     wandb_dir = tmp_path / "wandb"
-    names = ["offline-run-20261123_113450-rpg-aaaa1111",  # the earlier export
-             "offline-run-20261123_113450-rpg-aaaa1111-1",  # this one: W&B's suffix, the same second
-             "offline-run-20261123_113450-rpg-aaaa11112",  # another run whose id extends this one's
-             "offline-run-20261123_113450-rpg-bbbb2222"]
+    names = [
+        "offline-run-20261123_113450-rpg-aaaa1111",  # the earlier export
+        "offline-run-20261123_113450-rpg-aaaa1111-1",  # this one: W&B's suffix, the same second
+        "offline-run-20261123_113450-rpg-aaaa11112",  # another run whose id extends this one's
+        "offline-run-20261123_113450-rpg-bbbb2222",
+    ]
     for name in names:
         (wandb_dir / name).mkdir(parents=True)
     _drop_earlier_offline_runs(wandb_dir / names[1], "rpg-aaaa1111")
@@ -521,9 +599,17 @@ def test_export_errors_are_one_line(tmp_path, offline_env, monkeypatch):
     for args, words, env_uri in [
         (["--to", "neptune"], "unknown tracker 'neptune'; allowed: wandb, tensorboard, mlflow", None),
         (["--to", "tensorboard", "--sweep", "nope"], "no runs of sweep 'nope' in the store", None),
-        (["--to", "mlflow", "--tracking-uri", "https://me:hunter2@mlflow.example.org"], "--tracking-uri: credentials", None),
+        (
+            ["--to", "mlflow", "--tracking-uri", "https://me:hunter2@mlflow.example.org"],
+            "--tracking-uri: credentials",
+            None,
+        ),
         (["--to", "mlflow"], "MLFLOW_TRACKING_URI: credentials", "https://me:hunter2@mlflow.example.org"),
-        (["--to", "mlflow", "--tracking-uri", "http://127.0.0.1:9"], "cannot open the MLflow run at http://127.0.0.1:9", None),
+        (
+            ["--to", "mlflow", "--tracking-uri", "http://127.0.0.1:9"],
+            "cannot open the MLflow run at http://127.0.0.1:9",
+            None,
+        ),
     ]:
         if env_uri:
             monkeypatch.setenv("MLFLOW_TRACKING_URI", env_uri)

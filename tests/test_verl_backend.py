@@ -23,6 +23,7 @@ verl = pytest.importorskip("verl", reason="the verl extra is not installed")
 
 import torch  # noqa: E402
 from hydra import compose, initialize_config_dir  # noqa: E402
+from run_inputs import write_inputs  # noqa: E402
 from typer.testing import CliRunner  # noqa: E402
 
 from rpg_cli.algorithms import LOSS_AGG_MODES, LOSS_NAMES, policy_loss  # noqa: E402
@@ -30,7 +31,6 @@ from rpg_cli.backends.verl import diagnose, launch  # noqa: E402
 from rpg_cli.cli import app  # noqa: E402
 from rpg_cli.orchestration.plan import plan_sweep  # noqa: E402
 from rpg_cli.spec import Every, ExperimentSpec, SpecError, load_sweep  # noqa: E402
-from run_inputs import write_inputs  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
 GRIDS = [REPO / "experiments" / "paper-qwen25-7b-instruct.yaml", REPO / "experiments" / "paper-qwen3-4b.yaml"]
@@ -70,7 +70,10 @@ def assert_config_is_the_spec(spec: ExperimentSpec, cfg, run_dir: Path) -> None:
     assert (loss.beta, loss.clip) == (spec.beta, spec.clip is not None)
     if spec.clip is not None:
         assert (actor.clip_ratio_low, actor.clip_ratio_high, actor.clip_ratio_c) == (
-            spec.clip.eps_low, spec.clip.eps_high, spec.clip.c)
+            spec.clip.eps_low,
+            spec.clip.eps_high,
+            spec.clip.c,
+        )
     assert loss.clipped_weight == (spec.clip is not None and spec.clip.clipped_weight_in_sg)
     assert loss.kl_clamp == spec.kl_clamp
     # the reference: a frozen or reset one is verl's ref worker, started only when something reads it (the
@@ -80,7 +83,9 @@ def assert_config_is_the_spec(spec: ExperimentSpec, cfg, run_dir: Path) -> None:
     kl_in_reward = spec.algorithm in ("reinforce_pp", "reinforce_pp_baseline") and spec.beta > 0
     kl_in_loss = spec.algorithm in ("rpg", "rpg_reinforce", "grpo") and spec.beta > 0
     assert loss.use_reference == (separate and kl_in_loss)
-    assert need_reference_policy(cfg) == (separate and (kl_in_loss or kl_in_reward or resets or spec.kl_loss is not None))
+    assert need_reference_policy(cfg) == (
+        separate and (kl_in_loss or kl_in_reward or resets or spec.kl_loss is not None)
+    )
     assert cfg.trainer.v1.trainer_mode == "rpg" and launch.reference_from_config(cfg) == spec.reference
     assert algorithm.use_kl_in_reward == kl_in_reward
     if algorithm.use_kl_in_reward:
@@ -88,19 +93,33 @@ def assert_config_is_the_spec(spec: ExperimentSpec, cfg, run_dir: Path) -> None:
     if spec.kl_loss is None:
         assert actor.kl_loss_coef == 0.0 and not loss.kl_loss_to_old  # verl's own KL loss never adds to ours
     else:  # verl computes it: toward its ref worker (frozen) or toward pi_old, handed in by the plugin
-        assert (actor.kl_loss_type, actor.kl_loss_coef) == (launch.KL_LOSS_ESTIMATORS[spec.kl_loss.estimator],
-                                                            spec.kl_loss.coef)
+        assert (actor.kl_loss_type, actor.kl_loss_coef) == (
+            launch.KL_LOSS_ESTIMATORS[spec.kl_loss.estimator],
+            spec.kl_loss.coef,
+        )
         assert actor.use_kl_loss == separate and loss.kl_loss_to_old == (spec.reference == "iterative")
     # lengths, batches, sampling
-    assert (cfg.data.max_prompt_length, cfg.data.max_response_length) == (spec.max_prompt_length,
-                                                                           spec.max_response_length)
+    assert (cfg.data.max_prompt_length, cfg.data.max_response_length) == (
+        spec.max_prompt_length,
+        spec.max_response_length,
+    )
     assert (rollout.prompt_length, rollout.response_length) == (spec.max_prompt_length, spec.max_response_length)
     assert (cfg.data.train_batch_size, actor.ppo_mini_batch_size, actor.ppo_epochs) == (
-        spec.train_batch_size, spec.ppo_mini_batch_size, spec.ppo_epochs)
+        spec.train_batch_size,
+        spec.ppo_mini_batch_size,
+        spec.ppo_epochs,
+    )
     assert (rollout.n, rollout.temperature, rollout.top_p, rollout.name) == (
-        spec.rollout_n, spec.rollout.temperature, spec.rollout.top_p, spec.rollout.engine)
+        spec.rollout_n,
+        spec.rollout.temperature,
+        spec.rollout.top_p,
+        spec.rollout.engine,
+    )
     assert (rollout.val_kwargs.n, rollout.val_kwargs.temperature, rollout.val_kwargs.top_p) == (
-        spec.val.n, spec.val.temperature, spec.val.top_p)
+        spec.val.n,
+        spec.val.temperature,
+        spec.val.top_p,
+    )
     assert cfg.trainer.test_freq == spec.val.every
     assert [Path(f) for f in cfg.data.train_files] == [Path(f).absolute() for f in spec.data.train_files]
     assert [Path(f) for f in cfg.data.val_files] == [Path(f).absolute() for f in spec.data.val_files]
@@ -108,14 +127,22 @@ def assert_config_is_the_spec(spec: ExperimentSpec, cfg, run_dir: Path) -> None:
     # optimizer: built by verl's own builder from the composed config
     optim = actor.optim
     assert (optim.lr, optim.lr_warmup_steps, optim.weight_decay, optim.clip_grad) == (
-        spec.lr, spec.lr_warmup_steps, spec.weight_decay, spec.grad_clip)
+        spec.lr,
+        spec.lr_warmup_steps,
+        spec.weight_decay,
+        spec.grad_clip,
+    )
     built = build_optimizer([torch.nn.Parameter(torch.zeros(2))], optim)
     assert isinstance(built, AdamWScheduleFree) == (spec.optimizer == "schedule_free")
     assert isinstance(built, torch.optim.AdamW) == (spec.optimizer == "adamw")
     # loss aggregation and the rest of the objective
     assert (actor.loss_agg_mode, actor.entropy_coeff) == (spec.loss_agg_mode, spec.entropy_coeff)
-    estimator = {"grpo": ("grpo", True), "rpg": ("grpo", False), "reinforce_pp": ("reinforce_plus_plus", True),
-                 "reinforce_pp_baseline": ("reinforce_plus_plus_baseline", True)}[spec.advantage_estimator]
+    estimator = {
+        "grpo": ("grpo", True),
+        "rpg": ("grpo", False),
+        "reinforce_pp": ("reinforce_plus_plus", True),
+        "reinforce_pp_baseline": ("reinforce_plus_plus_baseline", True),
+    }[spec.advantage_estimator]
     assert (algorithm.adv_estimator, algorithm.norm_adv_by_std_in_grpo) == estimator
     # DAPO's tricks, on any algorithm: verl's own dynamic sampling and overlong shaping
     assert algorithm.filter_groups.enable == (spec.dynamic_sampling is not None)
@@ -123,12 +150,17 @@ def assert_config_is_the_spec(spec: ExperimentSpec, cfg, run_dir: Path) -> None:
         ds = spec.dynamic_sampling
         assert algorithm.filter_groups.metric == "acc"
         assert (algorithm.filter_groups.max_inflight_gen_batches, algorithm.filter_groups.max_num_gen_batches) == (
-            ds.gen_batches, ds.max_num_gen_batches)
+            ds.gen_batches,
+            ds.max_num_gen_batches,
+        )
     if spec.overlong is not None:
         assert cfg.reward.reward_manager.name == "dapo"
         shaping = cfg.reward.reward_kwargs.overlong_buffer_cfg
         assert (shaping.enable, shaping.len, shaping.penalty_factor) == (
-            True, spec.overlong.buffer, spec.overlong.penalty_factor)
+            True,
+            spec.overlong.buffer,
+            spec.overlong.penalty_factor,
+        )
         assert cfg.reward.reward_kwargs.max_resp_len == spec.max_response_length
     else:
         assert cfg.reward.reward_manager.name == "naive"
@@ -138,11 +170,14 @@ def assert_config_is_the_spec(spec: ExperimentSpec, cfg, run_dir: Path) -> None:
     # resources, checkpoints, resume, metrics, rewards, plugin
     assert (cfg.trainer.nnodes, cfg.trainer.n_gpus_per_node) == (spec.resources.nodes, spec.resources.gpus_per_node)
     assert (cfg.trainer.total_training_steps, cfg.trainer.save_freq, cfg.trainer.resume_mode) == (
-        spec.steps, spec.save_every, "auto")
+        spec.steps,
+        spec.save_every,
+        "auto",
+    )
     assert cfg.trainer.default_local_dir == str(run_dir / "checkpoints")
     assert "file" in cfg.trainer.logger
     env_vars = cfg.ray_kwargs.ray_init.runtime_env.env_vars
-    assert env_vars.VERL_FILE_LOGGER_PATH == str(run_dir / "metrics.jsonl")
+    assert str(run_dir / "metrics.jsonl") == env_vars.VERL_FILE_LOGGER_PATH
     assert env_vars.VERL_USE_EXTERNAL_MODULES == "rpg_cli.backends.verl.plugin"
     assert cfg.reward.custom_reward_function.path == "pkg://rpg_cli.rewards"
 
@@ -163,24 +198,58 @@ def paper_run(**changes) -> ExperimentSpec:
     return ExperimentSpec.model_validate({**spec.canonical(), **changes})
 
 
-@pytest.mark.parametrize("changes", [
-    {"algorithm": "rpg_reinforce", "kl": "fkl", "clip": "off", "optimizer": "schedule_free"},
-    {"algorithm": "rpg_reinforce", "kl": "urkl", "clip": {"eps_low": 0.2, "eps_high": 0.28, "clipped_weight_in_sg": True}},
-    {"algorithm": "grpo", "kl": "none", "kl_correction": True, "reference": "frozen", "loss_agg_mode": "seq-mean-token-mean"},
-    {"algorithm": "reinforce_pp", "kl": "none", "reference": "frozen", "beta": 1e-3, "context": "8k"},
-    {"algorithm": "dapo", "kl": "none", "beta": 0.0, "dynamic_sampling": None, "overlong": {"buffer": 1024}},
-    {"algorithm": "reinforce_pp_baseline", "kl": "none", "beta": 0.0, "reference": "frozen",
-     "kl_loss": {"estimator": "k3", "coef": 1e-3}},
-    {"algorithm": "grpo", "kl": "none", "reference": "frozen", "beta": 1e-3, "kl_clamp": False},
-    {"data": {"train_files": ["odd dir/train=1,b's.parquet"]}, "resources": {"nodes": 2, "gpus_per_node": 4, "cpus": 4}},
-    {"reference": {"every": 10}},
-    {"reference": {"kl_target": 0.05, "ema": 0.2, "every": 50}, "optimizer": "schedule_free"},
-    {"algorithm": "reinforce_pp", "kl": "none", "reference": {"every": 10}, "beta": 1e-3},
-    {"algorithm": "rpg", "kl": "urkl", "beta": 0.0, "reference": {"every": 10}},
-    {"algorithm": "rpg", "kl": "urkl", "beta": 0.0, "reference": "frozen"},
-], ids=["unclipped-schedule_free", "clipped-weight-remark-F2", "grpo_corrected", "reinforce_pp-8k", "dapo-no-dynamic-sampling",
-        "rfppb-k3-kl-loss-frozen", "grpo-exact-k3", "2-nodes-no-val", "reference-every", "reference-kl-target-and-every",
-        "reinforce_pp-reference-every", "reset-reference-nothing-reads", "frozen-reference-nothing-reads"])
+@pytest.mark.parametrize(
+    "changes",
+    [
+        {"algorithm": "rpg_reinforce", "kl": "fkl", "clip": "off", "optimizer": "schedule_free"},
+        {
+            "algorithm": "rpg_reinforce",
+            "kl": "urkl",
+            "clip": {"eps_low": 0.2, "eps_high": 0.28, "clipped_weight_in_sg": True},
+        },
+        {
+            "algorithm": "grpo",
+            "kl": "none",
+            "kl_correction": True,
+            "reference": "frozen",
+            "loss_agg_mode": "seq-mean-token-mean",
+        },
+        {"algorithm": "reinforce_pp", "kl": "none", "reference": "frozen", "beta": 1e-3, "context": "8k"},
+        {"algorithm": "dapo", "kl": "none", "beta": 0.0, "dynamic_sampling": None, "overlong": {"buffer": 1024}},
+        {
+            "algorithm": "reinforce_pp_baseline",
+            "kl": "none",
+            "beta": 0.0,
+            "reference": "frozen",
+            "kl_loss": {"estimator": "k3", "coef": 1e-3},
+        },
+        {"algorithm": "grpo", "kl": "none", "reference": "frozen", "beta": 1e-3, "kl_clamp": False},
+        {
+            "data": {"train_files": ["odd dir/train=1,b's.parquet"]},
+            "resources": {"nodes": 2, "gpus_per_node": 4, "cpus": 4},
+        },
+        {"reference": {"every": 10}},
+        {"reference": {"kl_target": 0.05, "ema": 0.2, "every": 50}, "optimizer": "schedule_free"},
+        {"algorithm": "reinforce_pp", "kl": "none", "reference": {"every": 10}, "beta": 1e-3},
+        {"algorithm": "rpg", "kl": "urkl", "beta": 0.0, "reference": {"every": 10}},
+        {"algorithm": "rpg", "kl": "urkl", "beta": 0.0, "reference": "frozen"},
+    ],
+    ids=[
+        "unclipped-schedule_free",
+        "clipped-weight-remark-F2",
+        "grpo_corrected",
+        "reinforce_pp-8k",
+        "dapo-no-dynamic-sampling",
+        "rfppb-k3-kl-loss-frozen",
+        "grpo-exact-k3",
+        "2-nodes-no-val",
+        "reference-every",
+        "reference-kl-target-and-every",
+        "reinforce_pp-reference-every",
+        "reset-reference-nothing-reads",
+        "frozen-reference-nothing-reads",
+    ],
+)
 def test_off_grid_variants_compose_equal_to_their_spec(changes, tmp_path):
     spec = paper_run(**changes)
     cfg = compose_verl(spec, tmp_path)
@@ -241,8 +310,10 @@ ENTRY_POINT = 'rpg = "rpg_cli.backends.verl.plugin"'  # pyproject: [project.entr
 
 
 def losses_seen_by_a_fresh_verl(extra_path: Path | None = None) -> str:
-    code = ("import verl; from verl.trainer.ppo.core_algos import POLICY_LOSS_REGISTRY as R; "
-            f"print(all(n in R for n in {list(LOSS_NAMES)!r}))")
+    code = (
+        "import verl; from verl.trainer.ppo.core_algos import POLICY_LOSS_REGISTRY as R; "
+        f"print(all(n in R for n in {list(LOSS_NAMES)!r}))"
+    )
     env = {k: v for k, v in os.environ.items() if k not in ("VERL_USE_EXTERNAL_MODULES", "VERL_USE_EXTERNAL_PLUGINS")}
     if extra_path is not None:
         env["PYTHONPATH"] = os.pathsep.join([str(extra_path), env.get("PYTHONPATH", "")]).rstrip(os.pathsep)
@@ -280,9 +351,12 @@ def actor_config(loss_name: str, tmp_path: Path, *, use_reference: bool, clip: b
     if actor is None:
         cfg = compose_verl(paper_run(), tmp_path)
         actor = _composed_actors["base"] = omega_conf_to_dataclass(cfg.actor_rollout_ref.actor)
-    loss = dataclasses.replace(actor.policy_loss, loss_mode=loss_name, beta=0.05, clip=clip, use_reference=use_reference)
-    return dataclasses.replace(actor, policy_loss=loss, loss_agg_mode=agg, use_kl_loss=use_reference,
-                               global_batch_info={})
+    loss = dataclasses.replace(
+        actor.policy_loss, loss_mode=loss_name, beta=0.05, clip=clip, use_reference=use_reference
+    )
+    return dataclasses.replace(
+        actor, policy_loss=loss, loss_agg_mode=agg, use_kl_loss=use_reference, global_batch_info={}
+    )
 
 
 def verl_batch(seed: int, *, dp_size: int = 1, batch_num_tokens=None, global_batch_size=None):
@@ -301,13 +375,19 @@ def verl_batch(seed: int, *, dp_size: int = 1, batch_num_tokens=None, global_bat
     adv = jagged(lambda n: torch.randn(1, generator=g, dtype=torch.float64).expand(n).clone())
     # current log-probs near the old ones, so every clip branch is visited
     new_response = [o + 0.6 * torch.randn(len(o), generator=g, dtype=torch.float64) for o in old.unbind()]
-    whole = [torch.cat([torch.zeros(p - 1, dtype=torch.float64), r, torch.zeros(1, dtype=torch.float64)])
-             for p, r in zip(prompt_lens, new_response)]
+    whole = [
+        torch.cat([torch.zeros(p - 1, dtype=torch.float64), r, torch.zeros(1, dtype=torch.float64)])
+        for p, r in zip(prompt_lens, new_response)
+    ]
     flat = torch.cat(whole).requires_grad_(True)
     data = tu.get_tensordict(
         {
-            "prompts": torch.nested.nested_tensor([torch.ones(p, dtype=torch.long) for p in prompt_lens], layout=torch.jagged),
-            "responses": torch.nested.nested_tensor([torch.ones(n, dtype=torch.long) for n in response_lens], layout=torch.jagged),
+            "prompts": torch.nested.nested_tensor(
+                [torch.ones(p, dtype=torch.long) for p in prompt_lens], layout=torch.jagged
+            ),
+            "responses": torch.nested.nested_tensor(
+                [torch.ones(n, dtype=torch.long) for n in response_lens], layout=torch.jagged
+            ),
             "response_mask": jagged(lambda n: torch.ones(n, dtype=torch.long)),
             "old_log_probs": old,
             "advantages": adv,
@@ -315,8 +395,10 @@ def verl_batch(seed: int, *, dp_size: int = 1, batch_num_tokens=None, global_bat
         },
         {"dp_size": dp_size, "batch_num_tokens": batch_num_tokens, "global_batch_size": global_batch_size},
     )
-    padded = {k: torch.nested.to_padded_tensor(v, 0.0) for k, v in
-              {"old": old, "ref": ref, "adv": adv, "mask": data["response_mask"]}.items()}
+    padded = {
+        k: torch.nested.to_padded_tensor(v, 0.0)
+        for k, v in {"old": old, "ref": ref, "adv": adv, "mask": data["response_mask"]}.items()
+    }
     return data, flat, padded
 
 
@@ -337,12 +419,21 @@ def test_verl_loss_path_computes_exactly_policy_loss(name, use_reference, tmp_pa
 
     # the same tensors, padded by hand: response j of sequence i is predicted at flat offset end_i - len_i - 1 + j
     ends = torch.tensor([3 + 5, 2 + 1, 4 + 7, 2 + 3]).cumsum(0).tolist()
-    log_prob = torch.nn.utils.rnn.pad_sequence([flat[e - n - 1: e - 1] for e, n in zip(ends, [5, 1, 7, 3])],
-                                               batch_first=True)
-    ours, _ = policy_loss(name, log_prob=log_prob, old_log_prob=padded["old"], advantages=padded["adv"],
-                          response_mask=padded["mask"].bool(), ref_log_prob=padded["ref"] if use_reference else None,
-                          beta=0.05, eps_low=config.clip_ratio_low, eps_high=config.clip_ratio_high,
-                          clip_c=config.clip_ratio_c)
+    log_prob = torch.nn.utils.rnn.pad_sequence(
+        [flat[e - n - 1 : e - 1] for e, n in zip(ends, [5, 1, 7, 3])], batch_first=True
+    )
+    ours, _ = policy_loss(
+        name,
+        log_prob=log_prob,
+        old_log_prob=padded["old"],
+        advantages=padded["adv"],
+        response_mask=padded["mask"].bool(),
+        ref_log_prob=padded["ref"] if use_reference else None,
+        beta=0.05,
+        eps_low=config.clip_ratio_low,
+        eps_high=config.clip_ratio_high,
+        clip_c=config.clip_ratio_c,
+    )
     (our_grad,) = torch.autograd.grad(ours, flat)
     assert torch.equal(loss.detach(), ours.detach())
     assert torch.equal(verl_grad, our_grad) and verl_grad.abs().sum() > 0
@@ -357,11 +448,21 @@ def test_verl_loss_path_passes_remark_f2_clipped_weight(tmp_path):
     loss, _ = verl_actor_loss(config, flat, data)
     plain, _ = verl_actor_loss(base, flat, data)
     ends = torch.tensor([3 + 5, 2 + 1, 4 + 7, 2 + 3]).cumsum(0).tolist()
-    log_prob = torch.nn.utils.rnn.pad_sequence([flat[e - n - 1: e - 1] for e, n in zip(ends, [5, 1, 7, 3])],
-                                               batch_first=True)
-    ours, _ = policy_loss(name, log_prob=log_prob, old_log_prob=padded["old"], advantages=padded["adv"],
-                          response_mask=padded["mask"].bool(), beta=0.05, eps_low=config.clip_ratio_low,
-                          eps_high=config.clip_ratio_high, clip_c=config.clip_ratio_c, clipped_weight=True)
+    log_prob = torch.nn.utils.rnn.pad_sequence(
+        [flat[e - n - 1 : e - 1] for e, n in zip(ends, [5, 1, 7, 3])], batch_first=True
+    )
+    ours, _ = policy_loss(
+        name,
+        log_prob=log_prob,
+        old_log_prob=padded["old"],
+        advantages=padded["adv"],
+        response_mask=padded["mask"].bool(),
+        beta=0.05,
+        eps_low=config.clip_ratio_low,
+        eps_high=config.clip_ratio_high,
+        clip_c=config.clip_ratio_c,
+        clipped_weight=True,
+    )
     assert torch.equal(loss.detach(), ours.detach())
     (verl_grad,), (our_grad,), (plain_grad,) = (torch.autograd.grad(x, flat) for x in (loss, ours, plain))
     assert torch.equal(verl_grad, our_grad) and not torch.equal(plain_grad, verl_grad)
@@ -387,32 +488,48 @@ def test_kl_loss_toward_pi_old_is_verls_kl_loss_with_old_log_probs_as_its_refere
 
     base = actor_config("ppo", tmp_path, use_reference=False)
     kl_type, coef = launch.KL_LOSS_ESTIMATORS[estimator], 0.05
-    ours_config = dataclasses.replace(base, use_kl_loss=False, kl_loss_type=kl_type, kl_loss_coef=coef,
-                                      policy_loss=dataclasses.replace(base.policy_loss, kl_loss_to_old=True))
+    ours_config = dataclasses.replace(
+        base,
+        use_kl_loss=False,
+        kl_loss_type=kl_type,
+        kl_loss_coef=coef,
+        policy_loss=dataclasses.replace(base.policy_loss, kl_loss_to_old=True),
+    )
     data, flat, padded = verl_batch(seed=11)
     batch = data.exclude("ref_log_prob")  # no ref worker ran
     loss, metrics = verl_actor_loss(ours_config, flat, batch)
-    assert "ref_log_prob" not in batch.keys()  # the caller's micro-batch is left as it was
+    assert "ref_log_prob" not in batch.keys()  # noqa: SIM118 (TensorDict has no `in`); the caller's micro-batch is left as it was
     # verl's own KL loss, with old_log_probs put in the reference's place by hand
     by_hand = batch.copy()
     by_hand["ref_log_prob"] = batch["old_log_probs"]
-    theirs, _ = verl_actor_loss(dataclasses.replace(base, use_kl_loss=True, kl_loss_type=kl_type, kl_loss_coef=coef),
-                                flat, by_hand)
+    theirs, _ = verl_actor_loss(
+        dataclasses.replace(base, use_kl_loss=True, kl_loss_type=kl_type, kl_loss_coef=coef), flat, by_hand
+    )
     without, _ = verl_actor_loss(dataclasses.replace(ours_config, policy_loss=base.policy_loss), flat, batch)
     (g_ours,), (g_theirs,), (g_without,) = (torch.autograd.grad(x, flat) for x in (loss, theirs, without))
     assert torch.equal(loss.detach(), theirs.detach()) and torch.equal(g_ours, g_theirs)
     assert not torch.equal(g_ours, g_without) and "kl_loss" in metrics
     # the local backend's computation: policy_loss + coef x kl_penalty_loss toward pi_old
     ends = torch.tensor([3 + 5, 2 + 1, 4 + 7, 2 + 3]).cumsum(0).tolist()
-    log_prob = torch.nn.utils.rnn.pad_sequence([flat[e - n - 1: e - 1] for e, n in zip(ends, [5, 1, 7, 3])],
-                                               batch_first=True)
+    log_prob = torch.nn.utils.rnn.pad_sequence(
+        [flat[e - n - 1 : e - 1] for e, n in zip(ends, [5, 1, 7, 3])], batch_first=True
+    )
     mask = padded["mask"].bool()
-    pg, _ = policy_loss("ppo", log_prob=log_prob, old_log_prob=padded["old"], advantages=padded["adv"],
-                        response_mask=mask, eps_low=base.clip_ratio_low, eps_high=base.clip_ratio_high,
-                        clip_c=base.clip_ratio_c)
+    pg, _ = policy_loss(
+        "ppo",
+        log_prob=log_prob,
+        old_log_prob=padded["old"],
+        advantages=padded["adv"],
+        response_mask=mask,
+        eps_low=base.clip_ratio_low,
+        eps_high=base.clip_ratio_high,
+        clip_c=base.clip_ratio_c,
+    )
     local = pg + coef * kl_penalty_loss(estimator, log_prob=log_prob, ref_log_prob=padded["old"], response_mask=mask)
     (g_local,) = torch.autograd.grad(local, flat)
-    assert torch.allclose(local, loss, rtol=1e-12, atol=1e-15) and torch.allclose(g_local, g_ours, rtol=1e-12, atol=1e-15)
+    assert torch.allclose(local, loss, rtol=1e-12, atol=1e-15) and torch.allclose(
+        g_local, g_ours, rtol=1e-12, atol=1e-15
+    )
 
 
 @pytest.mark.parametrize("agg", LOSS_AGG_MODES)
@@ -435,12 +552,15 @@ def test_global_batch_aggregation_matches_verls_own_ppo_loss(agg, dp_size, token
 # ---------------------------------------------------------------- plan time: rejections, dry run
 
 
-@pytest.mark.parametrize("changes,field,words", [
-    ({"rollout": {"engine": "hf"}}, "rollout.engine", "allowed with backend verl: vllm"),
-    ({"resources": {"nodes": 1, "gpus_per_node": 0, "cpus": 4}}, "resources.gpus_per_node", "verl trains on GPUs"),
-    ({"resources": {"nodes": 1, "gpus_per_node": 3, "cpus": 4}}, "train_batch_size", "do not split over 3 GPUs"),
-    ({"algorithm": "reinforce_pp", "kl": "none", "beta": 1e-3, "reference": "iterative"}, "reference", "frozen"),
-])
+@pytest.mark.parametrize(
+    "changes,field,words",
+    [
+        ({"rollout": {"engine": "hf"}}, "rollout.engine", "allowed with backend verl: vllm"),
+        ({"resources": {"nodes": 1, "gpus_per_node": 0, "cpus": 4}}, "resources.gpus_per_node", "verl trains on GPUs"),
+        ({"resources": {"nodes": 1, "gpus_per_node": 3, "cpus": 4}}, "train_batch_size", "do not split over 3 GPUs"),
+        ({"algorithm": "reinforce_pp", "kl": "none", "beta": 1e-3, "reference": "iterative"}, "reference", "frozen"),
+    ],
+)
 def test_what_verl_cannot_run_is_rejected_at_plan_time(changes, field, words, tmp_path):
     spec = paper_run(**changes)
     with pytest.raises(SpecError) as caught:
@@ -455,8 +575,9 @@ def test_sweep_dry_run_takes_a_reset_reference_and_shows_its_overrides(reference
     sweep.write_text(json.dumps({"name": "s", "base": {**paper_run().canonical(), "reference": reference}}))
     write_inputs(tmp_path, [paper_run()])
     monkeypatch.chdir(tmp_path)
-    result = CliRunner().invoke(app, ["sweep", str(sweep), "--dry-run", "--format", "json",
-                                      "--db", f"sqlite:///{tmp_path / 'none.db'}"])
+    result = CliRunner().invoke(
+        app, ["sweep", str(sweep), "--dry-run", "--format", "json", "--db", f"sqlite:///{tmp_path / 'none.db'}"]
+    )
     assert result.exit_code == 0, result.output
     (row,) = json.loads(result.stdout)
     settings = {arg.split("=", 1)[0]: arg.split("=", 1)[1] for arg in row["entrypoint"][3:]}
@@ -472,15 +593,29 @@ def test_sweep_dry_run_takes_a_reset_reference_and_shows_its_overrides(reference
 def test_dry_run_json_shows_the_full_verl_entrypoint_and_reserves_no_gpu(tmp_path, monkeypatch):
     write_inputs(tmp_path, GRIDS[1])
     monkeypatch.chdir(tmp_path)
-    result = CliRunner().invoke(app, ["sweep", str(GRIDS[1]), "--backend", "verl", "--dry-run", "--format", "json",
-                                      "--db", f"sqlite:///{tmp_path / 'none.db'}"])
+    result = CliRunner().invoke(
+        app,
+        [
+            "sweep",
+            str(GRIDS[1]),
+            "--backend",
+            "verl",
+            "--dry-run",
+            "--format",
+            "json",
+            "--db",
+            f"sqlite:///{tmp_path / 'none.db'}",
+        ],
+    )
     assert result.exit_code == 0, result.output
     rows = json.loads(result.stdout)
     assert len(rows) == len(load_sweep(GRIDS[1]).expand())
     for row in rows:
         assert row["entrypoint"][:3] == ["python", "-m", "verl.trainer.main_ppo"]
-        assert f"actor_rollout_ref.actor.policy_loss.loss_mode={ExperimentSpec.model_validate(row['spec']).loss_name}" \
+        assert (
+            f"actor_rollout_ref.actor.policy_loss.loss_mode={ExperimentSpec.model_validate(row['spec']).loss_name}"
             in row["entrypoint"]
+        )
     plans = plan_sweep(load_sweep(GRIDS[1]), tmp_path / "runs")
     assert {(p.num_cpus, p.num_gpus) for p in plans} == {(1.0, 0.0)}
     assert all(p.env["VERL_FILE_LOGGER_PATH"] == str(p.run_dir / "metrics.jsonl") for p in plans)
@@ -488,9 +623,11 @@ def test_dry_run_json_shows_the_full_verl_entrypoint_and_reserves_no_gpu(tmp_pat
 
 
 def test_planning_verl_runs_imports_neither_verl_nor_torch():
-    code = ("import sys; from pathlib import Path; from rpg_cli.orchestration.plan import plan_sweep; from rpg_cli.spec import load_sweep; "
-            f"plans = plan_sweep(load_sweep({str(GRIDS[0])!r}), Path('runs')); "
-            "print(len(plans), [m for m in ('verl', 'torch', 'ray', 'transformers') if m in sys.modules])")
+    code = (
+        "import sys; from pathlib import Path; from rpg_cli.orchestration.plan import plan_sweep; from rpg_cli.spec import load_sweep; "
+        f"plans = plan_sweep(load_sweep({str(GRIDS[0])!r}), Path('runs')); "
+        "print(len(plans), [m for m in ('verl', 'torch', 'ray', 'transformers') if m in sys.modules])"
+    )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd=REPO)
     assert out.returncode == 0, out.stderr
     count, imported = out.stdout.split(" ", 1)
@@ -510,16 +647,35 @@ def build_tiny_model_and_data(root: Path) -> tuple[Path, Path]:
     tokenizer = Tokenizer(models.WordLevel(vocab=vocab, unk_token="<unk>"))
     tokenizer.pre_tokenizer = pre_tokenizers.Split("", "isolated")
     fast = PreTrainedTokenizerFast(tokenizer_object=tokenizer, pad_token="<pad>", eos_token="<eos>", unk_token="<unk>")
-    fast.chat_template = "{% for m in messages %}{{ m['content'] }}{% endfor %}{% if add_generation_prompt %}:{% endif %}"
+    fast.chat_template = (
+        "{% for m in messages %}{{ m['content'] }}{% endfor %}{% if add_generation_prompt %}:{% endif %}"
+    )
     model_dir = root / "model"
     fast.save_pretrained(model_dir)
-    config = Qwen2Config(vocab_size=len(vocab), hidden_size=16, intermediate_size=32, num_hidden_layers=1,
-                         num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=4096, pad_token_id=0,
-                         eos_token_id=1, bos_token_id=1, tie_word_embeddings=True)
+    config = Qwen2Config(
+        vocab_size=len(vocab),
+        hidden_size=16,
+        intermediate_size=32,
+        num_hidden_layers=1,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+        max_position_embeddings=4096,
+        pad_token_id=0,
+        eos_token_id=1,
+        bos_token_id=1,
+        tie_word_embeddings=True,
+    )
     Qwen2ForCausalLM(config).save_pretrained(model_dir)
-    rows = [{"data_source": "math_toy", "prompt": [{"role": "user", "content": f"{a}+{b}=?"}], "ability": "math",
-             "reward_model": {"style": "rule", "ground_truth": str(a + b)}, "extra_info": {"index": i}}
-            for i, (a, b) in enumerate([(1, 2), (3, 4), (2, 2), (5, 1)])]
+    rows = [
+        {
+            "data_source": "math_toy",
+            "prompt": [{"role": "user", "content": f"{a}+{b}=?"}],
+            "ability": "math",
+            "reward_model": {"style": "rule", "ground_truth": str(a + b)},
+            "extra_info": {"index": i},
+        }
+        for i, (a, b) in enumerate([(1, 2), (3, 4), (2, 2), (5, 1)])
+    ]
     data = root / "train.parquet"
     pd.DataFrame(rows).to_parquet(data)
     return model_dir, data
@@ -528,23 +684,51 @@ def build_tiny_model_and_data(root: Path) -> tuple[Path, Path]:
 @pytest.mark.slow
 def test_main_ppo_on_a_cpu_machine_passes_validation_and_fails_readably_at_the_gpu_check(tmp_path):
     model_dir, data = build_tiny_model_and_data(tmp_path)
-    spec = ExperimentSpec.model_validate(dict(
-        algorithm="rpg", kl="urkl", beta=1e-4, clip={"eps_low": 0.2, "eps_high": 0.28}, optimizer="schedule_free",
-        context="2k", reference="frozen", model=str(model_dir),
-        data={"train_files": [str(data)], "val_files": [str(data)]}, train_batch_size=2, rollout_n=2,
-        ppo_mini_batch_size=1, lr=1e-5, steps=2, seed=0, save_every=1, backend="verl",
-        resources={"nodes": 1, "gpus_per_node": 1, "cpus": 1}))
+    spec = ExperimentSpec.model_validate(
+        dict(
+            algorithm="rpg",
+            kl="urkl",
+            beta=1e-4,
+            clip={"eps_low": 0.2, "eps_high": 0.28},
+            optimizer="schedule_free",
+            context="2k",
+            reference="frozen",
+            model=str(model_dir),
+            data={"train_files": [str(data)], "val_files": [str(data)]},
+            train_batch_size=2,
+            rollout_n=2,
+            ppo_mini_batch_size=1,
+            lr=1e-5,
+            steps=2,
+            seed=0,
+            save_every=1,
+            backend="verl",
+            resources={"nodes": 1, "gpus_per_node": 1, "cpus": 1},
+        )
+    )
     run_dir = tmp_path / "run"
     run_dir.mkdir()
     ray_dir = Path(tempfile.mkdtemp(prefix="rpgv"))  # short, unlike tmp_path: Ray's socket paths have a length limit
-    command = [sys.executable, *launch.entrypoint(spec, run_dir)[1:],
-               # a small local Ray (verl's transfer queue asks for 8 storage actors of 1 CPU by default)
-               "+ray_kwargs.ray_init.num_cpus=4", "+ray_kwargs.ray_init.include_dashboard=false",
-               "+ray_kwargs.ray_init._node_ip_address=127.0.0.1", f"+ray_kwargs.ray_init._temp_dir={ray_dir}",
-               "transfer_queue.backend.SimpleStorage.num_data_storage_units=1"]
+    command = [
+        sys.executable,
+        *launch.entrypoint(spec, run_dir)[1:],
+        # a small local Ray (verl's transfer queue asks for 8 storage actors of 1 CPU by default)
+        "+ray_kwargs.ray_init.num_cpus=4",
+        "+ray_kwargs.ray_init.include_dashboard=false",
+        "+ray_kwargs.ray_init._node_ip_address=127.0.0.1",
+        f"+ray_kwargs.ray_init._temp_dir={ray_dir}",
+        "transfer_queue.backend.SimpleStorage.num_data_storage_units=1",
+    ]
     env = {**os.environ, **launch.env(spec, run_dir)}
-    proc = subprocess.Popen(command, cwd=run_dir, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                            start_new_session=True)
+    proc = subprocess.Popen(
+        command,
+        cwd=run_dir,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        start_new_session=True,
+    )
     try:
         log, _ = proc.communicate(timeout=170)
     except subprocess.TimeoutExpired:
@@ -563,6 +747,8 @@ def test_main_ppo_on_a_cpu_machine_passes_validation_and_fails_readably_at_the_g
 def test_failure_reason_reads_the_last_error_of_a_log():
     log = "step 1\nTraceback (most recent call last):\n  File 'x.py'\nKeyError: 'actor'\n\nSet HYDRA_FULL_ERROR=1\n"
     assert diagnose.failure_reason(log) == "KeyError: 'actor'"
-    assert "rpg plugin did not load" in diagnose.failure_reason("ValueError: Unsupported loss mode: rpg_urkl. Supported")
+    assert "rpg plugin did not load" in diagnose.failure_reason(
+        "ValueError: Unsupported loss mode: rpg_urkl. Supported"
+    )
     assert diagnose.failure_reason("") == "the job failed without output"
     assert diagnose.failure_reason("just a last line\n") == "just a last line"

@@ -23,11 +23,28 @@ VERL_CONFIG_DIR = str(Path(verl.__file__).parent / "trainer" / "config")
 
 
 def cell(reference) -> ExperimentSpec:
-    return ExperimentSpec.model_validate(dict(
-        algorithm="rpg_reinforce", kl="urkl", beta=1e-3, clip={"eps_low": 0.2, "eps_high": 0.28}, optimizer="adamw",
-        context="2k", reference=reference, model="Qwen/Qwen3-4B", data={"train_files": ["t.parquet"]},
-        train_batch_size=8, rollout_n=2, ppo_mini_batch_size=4, lr=1e-6, steps=10, seed=0, save_every=5,
-        backend="verl", resources={"nodes": 1, "gpus_per_node": 2, "cpus": 2}))
+    return ExperimentSpec.model_validate(
+        dict(
+            algorithm="rpg_reinforce",
+            kl="urkl",
+            beta=1e-3,
+            clip={"eps_low": 0.2, "eps_high": 0.28},
+            optimizer="adamw",
+            context="2k",
+            reference=reference,
+            model="Qwen/Qwen3-4B",
+            data={"train_files": ["t.parquet"]},
+            train_batch_size=8,
+            rollout_n=2,
+            ppo_mini_batch_size=4,
+            lr=1e-6,
+            steps=10,
+            seed=0,
+            save_every=5,
+            backend="verl",
+            resources={"nodes": 1, "gpus_per_node": 2, "cpus": 2},
+        )
+    )
 
 
 def composed(spec: ExperimentSpec, run_dir: Path):
@@ -59,10 +76,13 @@ def test_verl_0_9_1_names_the_reference_hook_relies_on():
     assert trainer_base.TRAINER_REGISTRY["sync"] is PPOTrainerSync and issubclass(ref.RPGTrainer, PPOTrainerSync)
     # the trainer methods RPGTrainer overrides, with the signatures it calls them with
     expected = {
-        "_init_resource_pool_mgr": ["self"], "_setup": ["self"], "on_step_begin": ["self"],
+        "_init_resource_pool_mgr": ["self"],
+        "_setup": ["self"],
+        "on_step_begin": ["self"],
         "_compute_ref_log_prob": ["self", "batch", "metrics"],
         "_compute_metrics": ["self", "batch", "metrics", "timing_raw", "global_steps", "epoch"],
-        "_save_checkpoint": ["self"], "_load_checkpoint": ["self"],
+        "_save_checkpoint": ["self"],
+        "_load_checkpoint": ["self"],
     }
     for name, params in expected.items():
         assert list(inspect.signature(getattr(trainer_base.PPOTrainer, name)).parameters) == params, name
@@ -217,10 +237,12 @@ def test_batch_reference_kl_reads_verls_jagged_batch_and_skips_padding_rows():
     def jagged(rows):
         return torch.nested.as_nested_tensor([torch.tensor(r) for r in rows], layout=torch.jagged)
 
-    data = tu.get_tensordict({
-        "old_log_probs": jagged([[-1.0, -2.0], [-0.5], [-3.0, -3.0, -3.0]]),
-        "ref_log_prob": jagged([[-1.5, -1.0], [-0.5], [0.0, 0.0, 0.0]]),
-        "response_mask": jagged([[1, 1], [1], [0, 0, 0]]),  # the last: a padding row verl adds for balance
-    })
+    data = tu.get_tensordict(
+        {
+            "old_log_probs": jagged([[-1.0, -2.0], [-0.5], [-3.0, -3.0, -3.0]]),
+            "ref_log_prob": jagged([[-1.5, -1.0], [-0.5], [0.0, 0.0, 0.0]]),
+            "response_mask": jagged([[1, 1], [1], [0, 0, 0]]),  # the last: a padding row verl adds for balance
+        }
+    )
     log_rho = torch.tensor([-0.5, 1.0, 0.0])
     assert ref.batch_reference_kl(data) == pytest.approx(float((log_rho.exp() - 1 - log_rho).mean()), rel=1e-6)

@@ -32,10 +32,18 @@ def measured(tmp_path_factory):
     work = tmp_path_factory.mktemp("verl_cpu")
     out = {}
     for strategy in STRATEGIES:
-        done = subprocess.run([sys.executable, str(HARNESS), str(work / strategy), str(work / f"{strategy}.json"), strategy],
-                              capture_output=True, text=True, timeout=600, cwd=HARNESS.parents[1])
-        out[strategy] = (json.loads((work / f"{strategy}.json").read_text()) if done.returncode == 0
-                         else (done.stdout + done.stderr)[-6000:])
+        done = subprocess.run(
+            [sys.executable, str(HARNESS), str(work / strategy), str(work / f"{strategy}.json"), strategy],
+            capture_output=True,
+            text=True,
+            timeout=600,
+            cwd=HARNESS.parents[1],
+        )
+        out[strategy] = (
+            json.loads((work / f"{strategy}.json").read_text())
+            if done.returncode == 0
+            else (done.stdout + done.stderr)[-6000:]
+        )
     return out
 
 

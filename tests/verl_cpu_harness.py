@@ -42,9 +42,16 @@ def free_port() -> int:
 
 
 PORT = free_port()
-os.environ.update(RANK="0", WORLD_SIZE="1", LOCAL_RANK="0", LOCAL_WORLD_SIZE="1", MASTER_ADDR="127.0.0.1",
-                  MASTER_PORT=str(PORT), VERL_ENGINE_DEVICE="cuda",
-                  VERL_USE_EXTERNAL_MODULES="rpg_cli.backends.verl.plugin")
+os.environ.update(
+    RANK="0",
+    WORLD_SIZE="1",
+    LOCAL_RANK="0",
+    LOCAL_WORLD_SIZE="1",
+    MASTER_ADDR="127.0.0.1",
+    MASTER_PORT=str(PORT),
+    VERL_ENGINE_DEVICE="cuda",
+    VERL_USE_EXTERNAL_MODULES="rpg_cli.backends.verl.plugin",
+)
 
 import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
@@ -236,11 +243,28 @@ class LocalGroup:
 def cell(model_dir: Path, data: Path) -> ExperimentSpec:
     """An RPG-REINFORCE cell as a sweep would expand it for verl: schedule-free, clipped, a reference reset
     every 2 steps, 4 prompts x 4 responses in 2 mini-batches (so the second update is off-policy)."""
-    return ExperimentSpec.model_validate(dict(
-        algorithm="rpg_reinforce", kl="urkl", beta=0.05, clip={"eps_low": 0.2, "eps_high": 0.28, "c": 10.0},
-        optimizer="schedule_free", context="2k", reference={"every": 2}, model=str(model_dir),
-        data={"train_files": [str(data)]}, train_batch_size=4, rollout_n=4, ppo_mini_batch_size=2, lr=1e-2,
-        steps=10, seed=0, save_every=1, backend="verl", resources={"nodes": 1, "gpus_per_node": 1, "cpus": 1}))
+    return ExperimentSpec.model_validate(
+        dict(
+            algorithm="rpg_reinforce",
+            kl="urkl",
+            beta=0.05,
+            clip={"eps_low": 0.2, "eps_high": 0.28, "c": 10.0},
+            optimizer="schedule_free",
+            context="2k",
+            reference={"every": 2},
+            model=str(model_dir),
+            data={"train_files": [str(data)]},
+            train_batch_size=4,
+            rollout_n=4,
+            ppo_mini_batch_size=2,
+            lr=1e-2,
+            steps=10,
+            seed=0,
+            save_every=1,
+            backend="verl",
+            resources={"nodes": 1, "gpus_per_node": 1, "cpus": 1},
+        )
+    )
 
 
 def composed_config(spec: ExperimentSpec, run_dir: Path, strategy: str):
@@ -265,9 +289,17 @@ def random_batch(vocab: int, groups: int, n: int, seed: int):
             ids = torch.cat([prompt, response])
             scores = torch.zeros(len(response))
             scores[-1] = float(torch.randint(0, 2, (1,), generator=g))
-            rows.append(dict(prompts=prompt, responses=response, response_mask=torch.ones(len(response), dtype=torch.long),
-                             loss_mask=torch.ones(len(response), dtype=torch.long), input_ids=ids,
-                             position_ids=torch.arange(len(ids)), rm_scores=scores))
+            rows.append(
+                dict(
+                    prompts=prompt,
+                    responses=response,
+                    response_mask=torch.ones(len(response), dtype=torch.long),
+                    loss_mask=torch.ones(len(response), dtype=torch.long),
+                    input_ids=ids,
+                    position_ids=torch.arange(len(ids)),
+                    rm_scores=scores,
+                )
+            )
             keys.append(f"{uid}_{j}_0")
     return tu.list_of_dict_to_tensordict(rows), keys
 
@@ -286,20 +318,30 @@ def old_log_probs(worker, data, temperature: float):
 
 def ref_log_probs(worker, data, temperature: float):
     """What the trainer's `_compute_ref_log_prob` asks the reference for."""
-    out = worker.compute_ref_log_prob(with_info(data, calculate_entropy=False, compute_loss=False, temperature=temperature))
+    out = worker.compute_ref_log_prob(
+        with_info(data, calculate_entropy=False, compute_loss=False, temperature=temperature)
+    )
     return response_from_nested(out["log_probs"], data["response_mask"])
 
 
 def advantages(cfg, data, keys):
     """verl's advantage code, called as the trainer's `_compute_advantage` calls it."""
-    padded = DataProto(batch=data.select("response_mask", "rm_scores", "old_log_probs", "ref_log_prob").to_padded_tensor())
+    padded = DataProto(
+        batch=data.select("response_mask", "rm_scores", "old_log_probs", "ref_log_prob").to_padded_tensor()
+    )
     padded.batch["token_level_scores"] = padded.batch["rm_scores"]
     padded.batch["token_level_rewards"] = padded.batch["rm_scores"]
     padded.non_tensor_batch["uid"] = np.array([k.split("_")[0] for k in keys], dtype=object)
     out = compute_advantage_for_multi_trajectories(
-        padded, batch_keys=keys, adv_estimator=cfg.algorithm.adv_estimator, gamma=cfg.algorithm.gamma,
-        lam=cfg.algorithm.lam, num_repeat=cfg.actor_rollout_ref.rollout.n,
-        norm_adv_by_std_in_grpo=cfg.algorithm.norm_adv_by_std_in_grpo, config=cfg.algorithm)
+        padded,
+        batch_keys=keys,
+        adv_estimator=cfg.algorithm.adv_estimator,
+        gamma=cfg.algorithm.gamma,
+        lam=cfg.algorithm.lam,
+        num_repeat=cfg.actor_rollout_ref.rollout.n,
+        norm_adv_by_std_in_grpo=cfg.algorithm.norm_adv_by_std_in_grpo,
+        config=cfg.algorithm,
+    )
     return response_to_nested(out.batch["advantages"], data["response_mask"])
 
 
@@ -307,9 +349,17 @@ def update_info(cfg) -> dict:
     """The extra info the trainer's `_update_actor` attaches."""
     actor, rollout = cfg.actor_rollout_ref.actor, cfg.actor_rollout_ref.rollout
     mini = actor.ppo_mini_batch_size * rollout.n
-    return dict(calculate_entropy=actor.entropy_coeff != 0.0, distillation_use_topk=False, distillation_only=False,
-                global_batch_size=mini, mini_batch_size=mini, epochs=actor.ppo_epochs, seed=actor.data_loader_seed,
-                dataloader_kwargs={"shuffle": actor.shuffle}, temperature=rollout.temperature)
+    return dict(
+        calculate_entropy=actor.entropy_coeff != 0.0,
+        distillation_use_topk=False,
+        distillation_only=False,
+        global_batch_size=mini,
+        mini_batch_size=mini,
+        epochs=actor.ppo_epochs,
+        seed=actor.data_loader_seed,
+        dataloader_kwargs={"shuffle": actor.shuffle},
+        temperature=rollout.temperature,
+    )
 
 
 def max_diff(a, b) -> float:
@@ -362,7 +412,9 @@ def main(work: Path, out_path: Path, strategy: str) -> None:
 
     worker = RPGActorRolloutRefWorker(config=cfg.actor_rollout_ref, role="actor_rollout_ref")
     worker.init_model()
-    out["optimizer"] = type(worker.actor.engine.optimizer).__module__ + "." + type(worker.actor.engine.optimizer).__name__
+    out["optimizer"] = (
+        type(worker.actor.engine.optimizer).__module__ + "." + type(worker.actor.engine.optimizer).__name__
+    )
     out["engines"] = [type(worker.actor.engine.module).__name__, type(worker.ref.engine.module).__name__]
     out["init_s"] = time.perf_counter() - STARTED
 
@@ -394,8 +446,8 @@ def main(work: Path, out_path: Path, strategy: str) -> None:
             lp = torch.log_softmax(hf(input_ids=ids[None]).logits[0], -1)
             n_resp = len(data["responses"].unbind()[i])
             target = ids[-n_resp:]
-            own = lp[-n_resp - 1:-1].gather(-1, target[:, None])[:, 0]
-            mixed = flat_lp[offset + len(ids) - n_resp - 1: offset + len(ids) - 1].gather(-1, target[:, None])[:, 0]
+            own = lp[-n_resp - 1 : -1].gather(-1, target[:, None])[:, 0]
+            mixed = flat_lp[offset + len(ids) - n_resp - 1 : offset + len(ids) - 1].gather(-1, target[:, None])[:, 0]
             offset += len(ids)
             gaps.append(float((old.unbind()[i].float() - own).abs().max()))
             contamination.append(float((mixed - own).abs().max()))
@@ -423,8 +475,11 @@ def main(work: Path, out_path: Path, strategy: str) -> None:
     out["loss_whole"], out["micro_whole"] = loss_with_budget(10_000)
     out["loss_split"], out["micro_split"] = loss_with_budget(longest)
     # bf16 forwards of other packings round differently: the log-prob noise the loss comparison lives with
-    split = worker.compute_log_prob(with_info(data, calculate_entropy=True, compute_loss=False, temperature=temperature,
-                                              max_token_len_per_gpu=longest))
+    split = worker.compute_log_prob(
+        with_info(
+            data, calculate_entropy=True, compute_loss=False, temperature=temperature, max_token_len_per_gpu=longest
+        )
+    )
     out["split_logprob_gap"] = max_diff(response_from_nested(split["log_probs"], data["response_mask"]), old)
     calls["ref_seen"].clear()
 
@@ -434,9 +489,13 @@ def main(work: Path, out_path: Path, strategy: str) -> None:
     out["update_metric_keys"] = sorted(metrics)
     ref_values = sorted(ref.values().float().tolist())
     seen = [v for call in calls["ref_seen"] if call is not None for v in call]
-    out["ref_reached_loss"] = {"calls": len(calls["ref_seen"]), "with_ref": sum(c is not None for c in calls["ref_seen"]),
-                               "max_gap": max(abs(a - b) for a, b in zip(sorted(seen), sorted(ref_values * spec.ppo_epochs)))
-                               if len(seen) == len(ref_values) * spec.ppo_epochs else None}
+    out["ref_reached_loss"] = {
+        "calls": len(calls["ref_seen"]),
+        "with_ref": sum(c is not None for c in calls["ref_seen"]),
+        "max_gap": max(abs(a - b) for a, b in zip(sorted(seen), sorted(ref_values * spec.ppo_epochs)))
+        if len(seen) == len(ref_values) * spec.ppo_epochs
+        else None,
+    }
 
     # after the update: the actor moved, the reference did not
     old2 = old_log_probs(worker, data, temperature)

@@ -85,7 +85,9 @@ def masked_whiten(values: torch.Tensor, response_mask: torch.Tensor, eps: float 
     return torch.where(mask, (values - mean) * torch.rsqrt(var + eps), torch.zeros_like(values))
 
 
-def reward_kl_penalty(old_log_prob: torch.Tensor, ref_log_prob: torch.Tensor, response_mask: torch.Tensor) -> torch.Tensor:
+def reward_kl_penalty(
+    old_log_prob: torch.Tensor, ref_log_prob: torch.Tensor, response_mask: torch.Tensor
+) -> torch.Tensor:
     """REINFORCE++'s per-token KL penalty (MATH.md section 4, before beta): k1 = old_logp - ref_logp on
     valid tokens, 0 on padding. `beta` times it is subtracted from the reward (verl's use_kl_in_reward)."""
     mask = response_mask.bool()

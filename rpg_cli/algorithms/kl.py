@@ -116,7 +116,9 @@ def reverse_ukl(log_w: torch.Tensor, log_rho: torch.Tensor | None, w: torch.Tens
 KL_ESTIMATORS = {"fkl": forward_kl, "rkl": reverse_kl, "ufkl": forward_ukl, "urkl": reverse_ukl}
 
 
-def kl_estimate(variant: str, log_w: torch.Tensor, log_rho: torch.Tensor | None, w: torch.Tensor | None = None) -> torch.Tensor:
+def kl_estimate(
+    variant: str, log_w: torch.Tensor, log_rho: torch.Tensor | None, w: torch.Tensor | None = None
+) -> torch.Tensor:
     """Per-token estimate of the variant's divergence: E_old[estimate] is the divergence, and
     d estimate / d logp is the paper's gradient term. `w` = exp(log_w) when the caller has it."""
     try:

@@ -75,7 +75,9 @@ def dual_clip(w: torch.Tensor, adv: torch.Tensor, eps_low: float, eps_high: floa
 # ---------------------------------------------------------------- PPO, DAPO, REINFORCE++ (section 4)
 
 
-def ppo_loss(log_w: torch.Tensor, adv: torch.Tensor, *, clip: bool, eps_low: float, eps_high: float, c: float) -> TokenLoss:
+def ppo_loss(
+    log_w: torch.Tensor, adv: torch.Tensor, *, clip: bool, eps_low: float, eps_high: float, c: float
+) -> TokenLoss:
     """Dual-clip PPO without KL: `-w A` unclipped, `dual_clip(w, A)` clipped."""
     w = torch.exp(log_w)
     return dual_clip(w, adv, eps_low, eps_high, c) if clip else TokenLoss(-w * adv, w)
@@ -267,7 +269,20 @@ def aggregate(
 # ---------------------------------------------------------------- the entry point
 
 
-def _check_inputs(name, log_prob, old_log_prob, advantages, response_mask, ref_log_prob, loss_agg_mode, clip, eps_low, eps_high, clip_c, beta):
+def _check_inputs(
+    name,
+    log_prob,
+    old_log_prob,
+    advantages,
+    response_mask,
+    ref_log_prob,
+    loss_agg_mode,
+    clip,
+    eps_low,
+    eps_high,
+    clip_c,
+    beta,
+):
     if name not in LOSS_NAMES:
         raise ValueError(f"unknown policy loss {name!r}; expected one of {', '.join(LOSS_NAMES)}")
     if loss_agg_mode not in LOSS_AGG_MODES:
@@ -324,7 +339,20 @@ def policy_loss(
     ppo_kl (mean -log w: drift from the sampling policy), ratio_mean (mean w), clipfrac_high/low/dual
     (fractions of valid tokens in each no-gradient branch) and clipfrac (high + low).
     """
-    _check_inputs(name, log_prob, old_log_prob, advantages, response_mask, ref_log_prob, loss_agg_mode, clip, eps_low, eps_high, clip_c, beta)
+    _check_inputs(
+        name,
+        log_prob,
+        old_log_prob,
+        advantages,
+        response_mask,
+        ref_log_prob,
+        loss_agg_mode,
+        clip,
+        eps_low,
+        eps_high,
+        clip_c,
+        beta,
+    )
     if clipped_weight and not name.startswith("rpg_reinforce_"):
         raise ValueError(f"clipped_weight (Remark F.2) applies to the rpg_reinforce_* losses only, not {name!r}")
     mask = response_mask.bool()
@@ -342,12 +370,21 @@ def policy_loss(
     elif name in ("grpo", "grpo_corrected"):
         ref = old_log_prob if ref_log_prob is None else ref_log_prob
         log_ref_ratio = torch.where(mask, ref.detach() - log_prob, zero)  # unclamped, as verl's low_var_kl takes it
-        out = grpo_loss(log_w, log_ref_ratio, adv, corrected=name == "grpo_corrected", kl_clamp=kl_clamp,
-                        beta=beta, **clipping)
+        out = grpo_loss(
+            log_w, log_ref_ratio, adv, corrected=name == "grpo_corrected", kl_clamp=kl_clamp, beta=beta, **clipping
+        )
     elif name.startswith("rpg_reinforce_"):
         logp = torch.where(mask, log_prob, zero)
-        out = rpg_reinforce_loss(name.removeprefix("rpg_reinforce_"), log_w, log_rho, logp, adv, beta=beta,
-                                 clipped_weight=clipped_weight, **clipping)
+        out = rpg_reinforce_loss(
+            name.removeprefix("rpg_reinforce_"),
+            log_w,
+            log_rho,
+            logp,
+            adv,
+            beta=beta,
+            clipped_weight=clipped_weight,
+            **clipping,
+        )
     else:
         out = rpg_loss(name.removeprefix("rpg_"), log_w, log_rho, adv, beta=beta, **clipping)
 

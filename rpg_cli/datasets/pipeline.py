@@ -115,10 +115,14 @@ def collect(spec: SourceSpec) -> Collected:
     problems: list[tuple[str, str]] = []
     try:
         for number, (question_value, answer_value) in rows.iter_values([question_field, answer_field]):
-            if spec.dedup and isinstance(question_value, str) and question_value in seen_raw:
-                if seen_raw[question_value] == answer_value:
-                    dropped[DUPLICATE] += 1
-                    continue
+            if (
+                spec.dedup
+                and isinstance(question_value, str)
+                and question_value in seen_raw
+                and seen_raw[question_value] == answer_value
+            ):
+                dropped[DUPLICATE] += 1
+                continue
             problem = question_text(question_value)
             if problem is None:
                 dropped[EMPTY_QUESTION] += 1
@@ -172,7 +176,9 @@ def resolve_field(rows: RawRows, explicit: str | None, candidates: Iterable[str]
         path = by_lower.get(head, head) + dot + rest
         if rows.has(path):
             return path
-    raise SourceError(f"{label}: cannot tell which field holds the {kind} (fields: {fields}); name it with --{kind}-field")
+    raise SourceError(
+        f"{label}: cannot tell which field holds the {kind} (fields: {fields}); name it with --{kind}-field"
+    )
 
 
 def verl_batches(collected: Collected, rows_per_group: int | None = None) -> Iterator[pa.RecordBatch]:

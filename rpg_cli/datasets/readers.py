@@ -144,7 +144,10 @@ def _narrow(column: pa.Array, path: str) -> pa.Array:
     if column.null_count or len(column) == 0 or pc.min(pc.list_value_length(column)).as_py() < 1:
         return column
     first = pc.list_element(column, 0)
-    if message.get_field_index("role") >= 0 and not pc.all(pc.equal(pc.struct_field(first, "role"), "user"), skip_nulls=False).as_py():
+    if (
+        message.get_field_index("role") >= 0
+        and not pc.all(pc.equal(pc.struct_field(first, "role"), "user"), skip_nulls=False).as_py()
+    ):
         return column
     return pc.struct_field(first, "content")
 
@@ -175,8 +178,7 @@ def read_local(path: Path, label: str) -> RawRows:
     except (OSError, UnicodeDecodeError, csv.Error, pa.ArrowException) as exc:
         raise SourceError(f"{label}: cannot read {path}: {_one_line(exc)}") from exc
     raise SourceError(
-        f"{label}: unsupported file type {path.suffix or '(none)'} for {path}; "
-        f"use one of {', '.join(LOCAL_SUFFIXES)}"
+        f"{label}: unsupported file type {path.suffix or '(none)'} for {path}; use one of {', '.join(LOCAL_SUFFIXES)}"
     )
 
 

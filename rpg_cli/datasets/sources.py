@@ -14,6 +14,7 @@ from pathlib import Path
 
 from rpg_cli.datasets.readers import HubDataset, LocalFile, Origin, SourceError
 
+
 @dataclass(frozen=True)
 class Preset:
     name: str
@@ -175,7 +176,9 @@ def resolve_sources(
     outputs: dict[Path, str] = {}
     for spec in specs:
         if spec.output in outputs:
-            raise SourceError(f"{outputs[spec.output]} and {spec.name} would both write {spec.output}; name one differently")
+            raise SourceError(
+                f"{outputs[spec.output]} and {spec.name} would both write {spec.output}; name one differently"
+            )
         outputs[spec.output] = spec.name
     return specs
 

@@ -32,8 +32,9 @@ EOS, PAD, UNK = "<|endoftext|>", "<|pad|>", "<|unk|>"
 # "Answer" is one token so that the answer form is short; everything else is one character.
 TOKENS = ["Answer", ":", " ", "+", "=", "\n", *"0123456789"]
 CHAT_TEMPLATE = "{% for message in messages %}{{ message['content'] }}{% endfor %}"
-MODEL_SHAPE = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
-                   num_key_value_heads=2)
+MODEL_SHAPE = dict(
+    hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2
+)
 # The position limit also caps the response budget (the trainer stays within it): an answer takes 5
 # tokens, so a policy that forgets to stop costs a few dozen tokens, not the spec's 2048.
 MAX_POSITIONS = 32
@@ -72,8 +73,14 @@ def build_tokenizer():
     core = Tokenizer(models.WordLevel(vocab=vocab, unk_token=UNK))
     core.pre_tokenizer = pre_tokenizers.Split(Regex("Answer|."), behavior="isolated")
     core.decoder = decoders.Fuse()  # concatenate tokens back without separators
-    tokenizer = PreTrainedTokenizerFast(tokenizer_object=core, eos_token=EOS, pad_token=PAD, unk_token=UNK,
-                                        padding_side="left", model_max_length=MAX_POSITIONS)
+    tokenizer = PreTrainedTokenizerFast(
+        tokenizer_object=core,
+        eos_token=EOS,
+        pad_token=PAD,
+        unk_token=UNK,
+        padding_side="left",
+        model_max_length=MAX_POSITIONS,
+    )
     tokenizer.chat_template = CHAT_TEMPLATE
     return tokenizer
 
@@ -88,9 +95,15 @@ def build_model(tokenizer, seed: int = 0):
     from transformers import LlamaConfig, LlamaForCausalLM
 
     torch.manual_seed(seed)
-    config = LlamaConfig(vocab_size=len(tokenizer), max_position_embeddings=MAX_POSITIONS, tie_word_embeddings=True,
-                         eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id,
-                         bos_token_id=None, **MODEL_SHAPE)
+    config = LlamaConfig(
+        vocab_size=len(tokenizer),
+        max_position_embeddings=MAX_POSITIONS,
+        tie_word_embeddings=True,
+        eos_token_id=tokenizer.eos_token_id,
+        pad_token_id=tokenizer.pad_token_id,
+        bos_token_id=None,
+        **MODEL_SHAPE,
+    )
     return LlamaForCausalLM(config)
 
 
@@ -107,7 +120,9 @@ def warm_up_format(model, tokenizer, seed: int = 0, steps: int = WARMUP_STEPS) -
     model.train()
     loss = torch.tensor(float("nan"))
     for _ in range(steps):
-        batch = [(q, f"Answer: {q[0] if rng.random() < 0.5 else rng.randrange(10)}") for q in rng.choices(questions, k=64)]
+        batch = [
+            (q, f"Answer: {q[0] if rng.random() < 0.5 else rng.randrange(10)}") for q in rng.choices(questions, k=64)
+        ]
         prompt = tokenizer([q for q, _ in batch], add_special_tokens=False)["input_ids"]
         target = tokenizer([t for _, t in batch], add_special_tokens=False)["input_ids"]
         ids = torch.tensor([p + t + [tokenizer.eos_token_id] for p, t in zip(prompt, target)])

@@ -160,5 +160,3 @@ class VLLMGenerator:
         del self.llm
         gc.collect()
         torch.cuda.empty_cache()
-
-

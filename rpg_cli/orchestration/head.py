@@ -86,11 +86,15 @@ def private_dir(path: Path) -> Path:
     path.mkdir(mode=0o700, parents=True, exist_ok=True)
     info = os.lstat(path)
     if stat.S_ISLNK(info.st_mode) or not stat.S_ISDIR(info.st_mode):
-        raise ClusterError(f"{path} is not a directory but a link or file; rpg keeps its Ray head's token there: "
-                           "remove it and run again")
+        raise ClusterError(
+            f"{path} is not a directory but a link or file; rpg keeps its Ray head's token there: "
+            "remove it and run again"
+        )
     if info.st_uid != os.geteuid():
-        raise ClusterError(f"{path} belongs to uid {info.st_uid}, not to you (uid {os.geteuid()}); rpg keeps its Ray "
-                           "head's token there: remove it, or use another --runs-dir")
+        raise ClusterError(
+            f"{path} belongs to uid {info.st_uid}, not to you (uid {os.geteuid()}); rpg keeps its Ray "
+            "head's token there: remove it, or use another --runs-dir"
+        )
     if info.st_mode & 0o077:  # opened up (by Ray, or an older rpg): only the owner may enter
         os.chmod(path, 0o700)
     return path
@@ -109,12 +113,17 @@ def read_private(path: Path, secret: bool = False) -> str | None:
     with os.fdopen(fd, encoding="utf-8", errors="replace") as f:
         info = os.fstat(f.fileno())
         if info.st_uid != os.geteuid():
-            raise ClusterError(f"{path} belongs to uid {info.st_uid}, not to you (uid {os.geteuid()}); it is not "
-                               f"your rpg's: remove it (rm {path}) and run again")
+            raise ClusterError(
+                f"{path} belongs to uid {info.st_uid}, not to you (uid {os.geteuid()}); it is not "
+                f"your rpg's: remove it (rm {path}) and run again"
+            )
         if info.st_mode & (0o077 if secret else 0o022):
             who = "read or written" if secret else "written"
-            fix = (f"stop the head (rpg stop --force), remove it (rm {path}); the next head gets a new token"
-                   if secret else f"if you trust its content chmod go-w {path}, else remove it")
+            fix = (
+                f"stop the head (rpg stop --force), remove it (rm {path}); the next head gets a new token"
+                if secret
+                else f"if you trust its content chmod go-w {path}, else remove it"
+            )
             raise ClusterError(f"{path} can be {who} by other users (mode {stat.S_IMODE(info.st_mode):o}); {fix}")
         return f.read()
 
@@ -134,8 +143,10 @@ def _read_head(head_dir: Path) -> Head | None:
         return None
     url = urllib.parse.urlsplit(head.dashboard_url)
     if url.scheme != "http" or url.hostname not in ("127.0.0.1", "localhost", "::1"):
-        raise ClusterError(f"{path} names the dashboard {head.dashboard_url}, which is not on loopback; rpg's local "
-                           f"head listens on 127.0.0.1 only: remove the file (rm {path}) and run again")
+        raise ClusterError(
+            f"{path} names the dashboard {head.dashboard_url}, which is not on loopback; rpg's local "
+            f"head listens on 127.0.0.1 only: remove the file (rm {path}) and run again"
+        )
     return Head(**{**head.__dict__, "token_file": str(head_dir / "auth_token")})  # never a path read from a file
 
 

@@ -169,7 +169,13 @@ def check_plans(plans: list[RunPlan], states: dict[str, str] | None = None, retr
 def check_line(check: Check, total: int) -> str:
     """A check as one line: error or note, the runs it is about, the finding."""
     names = check.runs
-    who = "every run" if len(names) == total > 1 else names[0] if len(names) == 1 else f"{len(names)} runs ({names[0]}, ...)"
+    who = (
+        "every run"
+        if len(names) == total > 1
+        else names[0]
+        if len(names) == 1
+        else f"{len(names)} runs ({names[0]}, ...)"
+    )
     return f"{'error' if check.finding.error else 'note'}: {who}: {check.finding}"
 
 

@@ -43,8 +43,11 @@ def killed_by(job: JobDetails) -> str | None:
         return None
     if name is None:
         return None
-    why = (": by someone, or by the kernel when the machine ran out of memory (its log, `dmesg`, says which)"
-           if number == signal.SIGKILL else "")
+    why = (
+        ": by someone, or by the kernel when the machine ran out of memory (its log, `dmesg`, says which)"
+        if number == signal.SIGKILL
+        else ""
+    )
     return f"killed by signal {number} ({name}){why}"
 
 

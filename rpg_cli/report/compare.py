@@ -86,7 +86,9 @@ def resolve_side(store: Store, ref: str, scope: list[RunRecord], letter: str) ->
         filters = parse_where(clauses)
         matched = [r for r in scope if spec_matches(r.spec, filters)]
         if not matched:
-            raise ReportError(f"{letter} ({ref}): no run in scope matches this filter; check the values with `rpg runs --where`")
+            raise ReportError(
+                f"{letter} ({ref}): no run in scope matches this filter; check the values with `rpg runs --where`"
+            )
         return Side(ref, matched, tuple(path for path, _, _ in filters))
     in_scope = {r.id for r in scope}
     found: list[RunRecord] = []
@@ -163,8 +165,13 @@ def compare_groups(
     _check_scored(result, a, b, metric)
     origins = {result.origins[r.id] for r in runs}
     if len(origins) > 1:
-        oa, ob = result.origins[a.runs[0].id], next(result.origins[r.id] for r in runs if result.origins[r.id] != result.origins[a.runs[0].id])
-        raise ReportError(f"scores drawn differently never compare: {oa.text()} vs {ob.text()}; evaluate every run the same way (rpg eval ... --k/--temperature/--top-p/--max-tokens)")
+        oa, ob = (
+            result.origins[a.runs[0].id],
+            next(result.origins[r.id] for r in runs if result.origins[r.id] != result.origins[a.runs[0].id]),
+        )
+        raise ReportError(
+            f"scores drawn differently never compare: {oa.text()} vs {ob.text()}; evaluate every run the same way (rpg eval ... --k/--temperature/--top-p/--max-tokens)"
+        )
     (origin,) = origins
     evidence = Evidence(store, result)
     per_run = {r.id: result.values[r.id] for r in runs}
@@ -172,12 +179,16 @@ def compare_groups(
     if benchmarks:
         missing = [bench for bench in benchmarks if bench not in common]
         if missing:
-            raise ReportError(f"benchmark {', '.join(missing)} is not scored for every run of A and B; common: {', '.join(sorted(common)) or 'none'}")
+            raise ReportError(
+                f"benchmark {', '.join(missing)} is not scored for every run of A and B; common: {', '.join(sorted(common)) or 'none'}"
+            )
         common = set(benchmarks)
     if not common:
         have_a = sorted({x for r in a.runs for x in per_run[r.id]})
         have_b = sorted({x for r in b.runs for x in per_run[r.id]})
-        raise ReportError(f"no benchmark scored for every run of A and B (A: {', '.join(have_a)}; B: {', '.join(have_b)})")
+        raise ReportError(
+            f"no benchmark scored for every run of A and B (A: {', '.join(have_a)}; B: {', '.join(have_b)})"
+        )
     benches = sorted(common, key=lambda x: (BENCHMARK_ORDER.get(x, 99), x))
 
     blocks_a, blocks_b, ids, notes = {}, {}, {}, []
@@ -192,15 +203,21 @@ def compare_groups(
                 continue
             logged = evidence.steps(r.id, bench)
             if step not in logged:
-                raise ReportError(f"run {r.name} has no {bench} score at step {step}; its steps: {', '.join(map(str, sorted(logged))) or 'none'}")
+                raise ReportError(
+                    f"run {r.name} has no {bench} score at step {step}; its steps: {', '.join(map(str, sorted(logged))) or 'none'}"
+                )
             picks.append((r.id, step))
             values.append(logged[step])
         steps_used |= {s for _, s in picks}
         matrix = aligned([evidence.problems(run_id, s, bench) for run_id, s in picks])
         if matrix is None:
             if origin.evaluated:
-                raise ReportError(f"{bench}: A and B share no scored problem at this step; evaluate them on the same benchmark file")
-            notes.append(f"{bench}: benchmark means only (no rpg eval samples): intervals over seeds, problem sampling not included")
+                raise ReportError(
+                    f"{bench}: A and B share no scored problem at this step; evaluate them on the same benchmark file"
+                )
+            notes.append(
+                f"{bench}: benchmark means only (no rpg eval samples): intervals over seeds, problem sampling not included"
+            )
             matrix = (np.array([[v] for v in values], dtype=float), _MEANS)
         scores_, ids[bench] = matrix
         blocks_a[bench], blocks_b[bench] = scores_[: len(a.runs)], scores_[len(a.runs) :]
@@ -210,7 +227,7 @@ def compare_groups(
     runs_b = stats.Runs(blocks_b, seeds=_seeds(b.runs, 1_000_000), problems=ids)
     targets = [*benches, stats.OVERALL] if len(benches) > 1 else benches
     comparisons = [stats.compare(runs_a, runs_b, t, n_resamples=n_resamples) for t in targets]
-    step_text = (f"last ({', '.join(map(str, sorted(steps_used)))})" if step is None else str(step))
+    step_text = f"last ({', '.join(map(str, sorted(steps_used)))})" if step is None else str(step)
     source = origin.text()
     return Result(a, b, source, step_text, comparisons, spec_differences(a, b), notes)
 
@@ -228,4 +245,6 @@ def _check_scored(result: Any, a: Side, b: Side, metric: str) -> None:
                 f"{letter}: {names} scored under {protocol_text(other[0])}, other runs under {shown.text()}: "
                 "scores drawn differently never compare; evaluate them the same way"
             )
-        raise ReportError(f"{letter}: no {metric} scores for {names}; run `rpg eval` on them (or train with validation on)")
+        raise ReportError(
+            f"{letter}: no {metric} scores for {names}; run `rpg eval` on them (or train with validation on)"
+        )

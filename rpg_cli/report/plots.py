@@ -130,7 +130,11 @@ def plot_training(
     axes = fig.subplots(nrows, ncols, squeeze=False).ravel()
     for ax, panel in zip(axes, panels):
         for i, (label, ids) in enumerate(methods.items()):
-            curves = [(data[(r, panel.key)][0], smooth(data[(r, panel.key)][1], smooth_window)) for r in ids if (r, panel.key) in data]
+            curves = [
+                (data[(r, panel.key)][0], smooth(data[(r, panel.key)][1], smooth_window))
+                for r in ids
+                if (r, panel.key) in data
+            ]
             if not curves:
                 continue
             color = colors(i % colors.N)
@@ -157,7 +161,8 @@ def plot_training(
     fig.suptitle(
         f"{sweep or 'all runs'}: training dynamics"
         + (f" (moving average over {smooth_window} steps)" if smooth_window > 1 else "")
-        + f"\n{BAND_MEANING}" + ("; thin lines: single seeds" if per_seed else ""),
+        + f"\n{BAND_MEANING}"
+        + ("; thin lines: single seeds" if per_seed else ""),
         fontsize="medium",
     )
     return fig

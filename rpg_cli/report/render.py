@@ -91,7 +91,9 @@ def to_latex(table: Table) -> str:
         f"\\begin{{tabular}}{{{spec}}}",
         "\\toprule",
     ]
-    top = [" ", " "] + [f"\\multicolumn{{{len(table.which) * per_column}}}{{c}}{{{latex_escape(b)}}}" for b in table.benchmarks]
+    top = [" ", " "] + [
+        f"\\multicolumn{{{len(table.which) * per_column}}}{{c}}{{{latex_escape(b)}}}" for b in table.benchmarks
+    ]
     lines.append(" & ".join(top) + " \\\\")
     second = ["Method", "Seeds"]
     for _, which in table.columns:
@@ -101,14 +103,16 @@ def to_latex(table: Table) -> str:
     lines.append(" & ".join(second) + " \\\\")
     for group in table.groups:
         lines.append("\\midrule")
-        lines.append(
-            f"\\multicolumn{{{ncols}}}{{l}}{{\\textit{{{latex_escape(group_title(group))}}}}} \\\\"
-        )
+        lines.append(f"\\multicolumn{{{ncols}}}{{l}}{{\\textit{{{latex_escape(group_title(group))}}}}} \\\\")
         for row in group.rows:
             cells = [latex_escape(row.method), str(len(row.runs))]
             for column in table.columns:
                 cell = row.cells[column]
-                text = "--" if cell.mean is None else cell_bounds(cell).replace(" [", " {\\scriptsize [").replace("]", "]}")
+                text = (
+                    "--"
+                    if cell.mean is None
+                    else cell_bounds(cell).replace(" [", " {\\scriptsize [").replace("]", "]}")
+                )
                 cells.append(
                     f"\\textbf{{{text}}}" if cell.rank == 1 else f"\\underline{{{text}}}" if cell.rank == 2 else text
                 )

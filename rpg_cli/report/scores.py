@@ -139,7 +139,11 @@ def _val_combos(store: Store, run_ids: Sequence[str]) -> set[tuple[str, int]]:
 
 
 def scores(
-    store: Store, run_ids: Sequence[str], metric: str = "mean@k", scorer: str | None = None, protocol: dict | None = None
+    store: Store,
+    run_ids: Sequence[str],
+    metric: str = "mean@k",
+    scorer: str | None = None,
+    protocol: dict | None = None,
 ) -> Scores:
     """Last and Best of `metric` for each run and benchmark, from the best source each run has:
     `rpg eval` scores (of `scorer`; by default the one with the most rows), else its logged
@@ -157,10 +161,14 @@ def scores(
     others: list[tuple[dict, set[str]]] = []
     if scorer is not None and scorer != VERL_VAL_SCORER and not own:
         have = sorted({c[2] for c in combos if c[2] != VERL_VAL_SCORER})
-        raise ReportError(f"no {metric} scores from scorer {scorer!r}; scorers: {', '.join(have) or 'none (no rpg eval yet)'}")
+        raise ReportError(
+            f"no {metric} scores from scorer {scorer!r}; scorers: {', '.join(have) or 'none (no rpg eval yet)'}"
+        )
     if own:
         k_eval = k if k is not None else max(c[1] for c in own)
-        chosen = scorer or _most_rows_scorer(store, run_ids, stat, k_eval, sorted({c[2] for c in own if c[1] == k_eval}))
+        chosen = scorer or _most_rows_scorer(
+            store, run_ids, stat, k_eval, sorted({c[2] for c in own if c[1] == k_eval})
+        )
         names = _eval_names(stat, k_eval, chosen)
         protocols = store.eval_protocols(run_ids, names, k_eval, chosen)
         if protocol is not None:
@@ -172,9 +180,7 @@ def scores(
         ):
             values.setdefault(run_id, {})[bench] = Score(last, best, last_step, n, first_step, first)
             origins[run_id] = origin
-        sources.append(
-            f"rpg eval (scorer {chosen}, {stat}@{k_eval}, {protocol_text(shown)}): {runs_text(len(values))}"
-        )
+        sources.append(f"rpg eval (scorer {chosen}, {stat}@{k_eval}, {protocol_text(shown)}): {runs_text(len(values))}")
         resolved.append(f"{stat}@{k_eval}")
         if protocol is not None:  # a section of its own: the runs of the other protocols are in theirs
             return Scores(values, sources, "/".join(resolved), origins)
@@ -201,7 +207,9 @@ def scores(
                 found.add(run_id)
             sources += _left_out(val_others, values, "validated")
         if found:
-            sources.append(f"training validation ({stat}@{k_val}, {protocol_text(val_protocol)}): {runs_text(len(found))}")
+            sources.append(
+                f"training validation ({stat}@{k_val}, {protocol_text(val_protocol)}): {runs_text(len(found))}"
+            )
             resolved.append(f"{stat}@{k_val}")
 
     # logged before the store copied validation into evals (a version 1 database): read from metrics

@@ -62,7 +62,9 @@ class Cell:
 
     @classmethod
     def of(cls, interval: Interval) -> Cell:
-        return cls(interval.estimate, interval.low, interval.high, interval.n_seeds, interval.n_problems, interval.resampled)
+        return cls(
+            interval.estimate, interval.low, interval.high, interval.n_seeds, interval.n_problems, interval.resampled
+        )
 
 
 @dataclass
@@ -150,7 +152,8 @@ def build_table(
         section = "; ".join(result.sources) if len(sections) > 1 else ""
         in_section: dict[tuple[str, str], Group] = {}
         for (model, context, label), members in sorted(
-            by_row.items(), key=lambda kv: (kv[0][0], CONTEXT_ORDER.get(kv[0][1], 9), kv[0][1], method_sort_key(kv[0][2]))
+            by_row.items(),
+            key=lambda kv: (kv[0][0], CONTEXT_ORDER.get(kv[0][1], 9), kv[0][1], method_sort_key(kv[0][2])),
         ):
             row = Row(label, method_base(members[0].spec), [r.name for r in members])
             for bench in tests:
@@ -176,7 +179,9 @@ def _paper_cells(row: Row, paper: dict, model: str, context: str) -> None:
     for (bench, kind), cell in row.cells.items():
         if kind not in ("last", "best_test"):
             continue
-        published = paper.get((model, context, row.base, bench)) or paper.get((model.split("/")[-1], context, row.base, bench))
+        published = paper.get((model, context, row.base, bench)) or paper.get(
+            (model.split("/")[-1], context, row.base, bench)
+        )
         if published is not None:
             row.paper_method = row.base
             cell.paper = published[0 if kind == "last" else 1]
@@ -237,17 +242,24 @@ def _notes(table: Table) -> list[str]:
         what = "no interval" if resampled in (NOTHING, NO_ACCURACY) else f"interval over {resampled}"
         notes.append(f"{what}: {counts}")
     if "best_val" in table.which:
-        notes.append(f"Best (val-selected): each run's step with the highest {table.select_on} score, scored at that step")
+        notes.append(
+            f"Best (val-selected): each run's step with the highest {table.select_on} score, scored at that step"
+        )
     else:
-        notes.append("Best (val-selected): pass --select-on BENCHMARK, a held-out benchmark to choose each run's step on")
+        notes.append(
+            "Best (val-selected): pass --select-on BENCHMARK, a held-out benchmark to choose each run's step on"
+        )
     if "best_test" in table.which:
-        notes.append("Best (test-selected): the maximum over the test benchmark's own evaluations (the paper's Best): biased upward")
+        notes.append(
+            "Best (test-selected): the maximum over the test benchmark's own evaluations (the paper's Best): biased upward"
+        )
     return notes
 
 
 def _span(values: set[int], unit: str) -> str:
     low, high = min(values), max(values)
     return f"{low} {unit}" + ("s" if high > 1 else "") if low == high else f"{low}-{high} {unit}s"
+
 
 def _starting_policy(result: Scores, runs: list[RunRecord], benchmarks: list[str]) -> list[str]:
     """Runs validated before training (step 0) show where every method started: the starting policy's

@@ -16,7 +16,8 @@ from __future__ import annotations
 import atexit
 import re
 import threading
-from typing import TYPE_CHECKING, Any, Sequence
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
 
 from rpg_cli.rewards.dapo import score_dapo
 
@@ -32,7 +33,7 @@ DAPO_RULE_VERSION = "1"  # bump when the dapo rule's verdicts change
 # Data sources whose ground truths are final math answers (verl's names and ours).
 _MATH_SOURCE = re.compile(r"math|aime|amc|dapo", re.IGNORECASE)
 
-_pools: dict[int, "MathVerifyPool"] = {}
+_pools: dict[int, MathVerifyPool] = {}
 _pools_lock = threading.Lock()
 
 
@@ -41,7 +42,7 @@ def _check_scorer(scorer: str) -> None:
         raise ValueError(f"unknown scorer {scorer!r}; choose one of: {', '.join(SCORERS)}")
 
 
-def shared_pool(workers: int = DEFAULT_WORKERS) -> "MathVerifyPool":
+def shared_pool(workers: int = DEFAULT_WORKERS) -> MathVerifyPool:
     """The process-wide pool with `workers` processes, started on first use and reused after."""
     with _pools_lock:
         pool = _pools.get(workers)

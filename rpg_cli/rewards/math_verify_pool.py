@@ -17,9 +17,9 @@ import queue
 import subprocess
 import sys
 import threading
+from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Sequence
 
 DEFAULT_TIMEOUT_S = 5.0
 HARD_GRACE_S = 2.0  # beyond the soft timeout, how long the parent waits before killing a worker
@@ -135,12 +135,16 @@ class MathVerifyPool:
                 self.timeouts += 1
         return _result(correct, pred)
 
-    def score_many(self, solutions: Sequence[str], ground_truths: Sequence[str], timeout: float | None = None) -> list[dict]:
+    def score_many(
+        self, solutions: Sequence[str], ground_truths: Sequence[str], timeout: float | None = None
+    ) -> list[dict]:
         """Score pairs in order, all workers busy at once."""
         if len(solutions) != len(ground_truths):
             raise ValueError(f"{len(solutions)} solutions but {len(ground_truths)} ground truths")
         with ThreadPoolExecutor(max_workers=self.workers, thread_name_prefix="rpg-math-verify") as threads:
-            return list(threads.map(lambda pair: self.score_one(pair[0], pair[1], timeout), zip(solutions, ground_truths)))
+            return list(
+                threads.map(lambda pair: self.score_one(pair[0], pair[1], timeout), zip(solutions, ground_truths))
+            )
 
     def close(self) -> None:
         self._closed = True
@@ -149,7 +153,7 @@ class MathVerifyPool:
         for worker in workers:
             worker.stop()
 
-    def __enter__(self) -> "MathVerifyPool":
+    def __enter__(self) -> MathVerifyPool:
         return self
 
     def __exit__(self, *exc) -> None:

@@ -484,11 +484,23 @@ class Store(Queries):
                 sa.select(m.step, m.key, m.value).where(m.run_id == run_id).order_by(m.step, m.key)
             ):
                 metrics.setdefault(step, {})[key] = value
-            evals = [dict(row) for row in conn.execute(
-                sa.select(e.step, e.benchmark, e.metric, e.k, e.scorer, e.value, e.scorer_version,
-                          *(e[name] for name in PROTOCOL))
-                .where(e.run_id == run_id).order_by(e.step, e.benchmark, e.scorer, e.metric, e.k)
-            ).mappings()]
+            evals = [
+                dict(row)
+                for row in conn.execute(
+                    sa.select(
+                        e.step,
+                        e.benchmark,
+                        e.metric,
+                        e.k,
+                        e.scorer,
+                        e.value,
+                        e.scorer_version,
+                        *(e[name] for name in PROTOCOL),
+                    )
+                    .where(e.run_id == run_id)
+                    .order_by(e.step, e.benchmark, e.scorer, e.metric, e.k)
+                ).mappings()
+            ]
         return metrics, evals
 
 

@@ -140,9 +140,12 @@ def resolve(
     }
     if trackers.wandb is not None:
         mode = trackers.wandb.mode or environ.get("WANDB_MODE")
-        update["wandb"] = trackers.wandb.model_copy(update={
-            "entity": trackers.wandb.entity or environ.get("WANDB_ENTITY") or None,
-            "mode": mode if mode in ("online", "offline") else "online"})
+        update["wandb"] = trackers.wandb.model_copy(
+            update={
+                "entity": trackers.wandb.entity or environ.get("WANDB_ENTITY") or None,
+                "mode": mode if mode in ("online", "offline") else "online",
+            }
+        )
     if trackers.tensorboard is not None:
         root = Path(trackers.tensorboard.dir or Path(runs_root) / "tensorboard").expanduser().absolute()
         update["tensorboard"] = trackers.tensorboard.model_copy(update={"dir": str(root)})
@@ -165,7 +168,9 @@ def _check_env_uri(uri: str) -> None:
     try:
         MlflowTracker(tracking_uri=uri)
     except ValidationError as e:
-        raise SpecError(f"MLFLOW_TRACKING_URI: {e.errors()[0]['ctx']['error']}", "trackers.mlflow.tracking_uri") from None
+        raise SpecError(
+            f"MLFLOW_TRACKING_URI: {e.errors()[0]['ctx']['error']}", "trackers.mlflow.tracking_uri"
+        ) from None
 
 
 def absolute_uri(uri: str) -> str:
@@ -221,9 +226,16 @@ class RunInfo:
         return tags
 
 
-def run_info(spec: Mapping[str, Any], run_id: str, name: str, sweep: str, run_dir: Path,
-             trackers: Trackers | None = None, axes: list[str] = (),
-             environ: Mapping[str, str] | None = None) -> RunInfo:
+def run_info(
+    spec: Mapping[str, Any],
+    run_id: str,
+    name: str,
+    sweep: str,
+    run_dir: Path,
+    trackers: Trackers | None = None,
+    axes: list[str] = (),
+    environ: Mapping[str, str] | None = None,
+) -> RunInfo:
     """The RunInfo of a run directory `<runs root>/<sweep>/<name>/` (trackers: default, the spec's own)."""
     if trackers is None:
         trackers = Trackers.model_validate(spec.get("trackers") or {})
@@ -283,9 +295,17 @@ def verl_env(spec: ExperimentSpec, run_dir: Path) -> dict[str, str]:
     info = run_info(spec.canonical(), spec.run_id, spec.run_name, run_dir.parent.name, run_dir, spec.trackers)
     t, env = info.trackers, {}
     if t.wandb is not None:
-        env.update({"WANDB_RUN_ID": wandb_run_id(info.run_id), "WANDB_RESUME": "allow",
-                    "WANDB_RUN_GROUP": str(t.group), "WANDB_JOB_TYPE": info.sweep, "WANDB_TAGS": ",".join(t.tags),
-                    "WANDB_DIR": str(run_dir), "WANDB_MODE": str(t.wandb.mode)})
+        env.update(
+            {
+                "WANDB_RUN_ID": wandb_run_id(info.run_id),
+                "WANDB_RESUME": "allow",
+                "WANDB_RUN_GROUP": str(t.group),
+                "WANDB_JOB_TYPE": info.sweep,
+                "WANDB_TAGS": ",".join(t.tags),
+                "WANDB_DIR": str(run_dir),
+                "WANDB_MODE": str(t.wandb.mode),
+            }
+        )
         if t.wandb.entity:
             env["WANDB_ENTITY"] = t.wandb.entity
     if t.tensorboard is not None:

@@ -85,7 +85,9 @@ def eval_summary(rows: Iterable[Mapping[str, Any]]) -> dict[str, float]:
     return summary
 
 
-def history(metrics: Mapping[int, Mapping[str, float | None]], evals: list[Mapping[str, Any]]) -> dict[int, dict[str, float]]:
+def history(
+    metrics: Mapping[int, Mapping[str, float | None]], evals: list[Mapping[str, Any]]
+) -> dict[int, dict[str, float]]:
     """{step: {key: value}}: the run's metrics (NULL, the store's NaN, back to NaN) and its evals."""
     steps: dict[int, dict[str, float]] = {}
     for step, values in metrics.items():
@@ -100,8 +102,10 @@ def settings(to: str, run: RunRecord, options: ExportOptions) -> Trackers:
     base = Trackers.model_validate(run.spec.get("trackers") or {})
     own = getattr(base, to)
     if to == "wandb":
-        own = WandbTracker(entity=options.entity or (own.entity if own else None),
-                           mode="offline" if options.offline else (own.mode if own else None))
+        own = WandbTracker(
+            entity=options.entity or (own.entity if own else None),
+            mode="offline" if options.offline else (own.mode if own else None),
+        )
     elif to == "tensorboard":
         own = TensorBoardTracker(dir=str(options.directory) if options.directory else (own.dir if own else None))
     else:
@@ -112,8 +116,13 @@ def settings(to: str, run: RunRecord, options: ExportOptions) -> Trackers:
     return base.model_copy(update={to: own, **({"project": options.project} if options.project else {})})
 
 
-def export(store: Store, to: str, sweep: str | None = None, options: ExportOptions = ExportOptions(),
-           on_run: Callable[[Exported], None] | None = None) -> list[Exported]:
+def export(
+    store: Store,
+    to: str,
+    sweep: str | None = None,
+    options: ExportOptions = ExportOptions(),
+    on_run: Callable[[Exported], None] | None = None,
+) -> list[Exported]:
     """Export the runs of `sweep` (all runs when None) to tracker `to`; returns one Exported per run."""
     if to not in TRACKER_NAMES:
         raise TrackerError(f"unknown tracker {to!r}; allowed: {', '.join(TRACKER_NAMES)}")
@@ -130,8 +139,9 @@ def export(store: Store, to: str, sweep: str | None = None, options: ExportOptio
         members = group if sweep is not None else store.runs(sweep=sweep_name)
         axes = dict(zip([r.id for r in members], axis_tags([r.spec for r in members])))
         for run in group:
-            info = run_info(run.spec, run.id, run.name, run.sweep, run.run_dir, settings(to, run, options),
-                            axes.get(run.id, []))
+            info = run_info(
+                run.spec, run.id, run.name, run.sweep, run.run_dir, settings(to, run, options), axes.get(run.id, [])
+            )
             metrics, evals = store.run_history(run.id)
             result = _export_run(to, info, history(metrics, evals), eval_summary(evals), options)
             done.append(result)
@@ -140,8 +150,9 @@ def export(store: Store, to: str, sweep: str | None = None, options: ExportOptio
     return done
 
 
-def _export_run(to: str, info: RunInfo, steps: dict[int, dict[str, float]], summary: dict[str, float],
-                options: ExportOptions) -> Exported:
+def _export_run(
+    to: str, info: RunInfo, steps: dict[int, dict[str, float]], summary: dict[str, float], options: ExportOptions
+) -> Exported:
     from rpg_cli.trackers.writers import TensorBoardWriter, _safe, open_writer
 
     if not steps:

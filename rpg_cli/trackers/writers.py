@@ -79,8 +79,10 @@ class WandbWriter:
                 config=info.config, dir=str(root_dir), mode=settings.mode, settings=extra,
             )  # fmt: skip
         except Exception as e:  # wandb raises many kinds (UsageError, CommError, ...): all mean "cannot start"
-            raise TrackerError(f"trackers.wandb: cannot start the W&B run ({_first_line(e)}); "
-                               "check WANDB_API_KEY / `wandb login`, or use mode offline") from None
+            raise TrackerError(
+                f"trackers.wandb: cannot start the W&B run ({_first_line(e)}); "
+                "check WANDB_API_KEY / `wandb login`, or use mode offline"
+            ) from None
         self.first_step = self.run.step  # a resumed online run continues after its last logged step
 
     def log(self, step: int, data: Mapping[str, Any]) -> None:
@@ -113,17 +115,22 @@ class MlflowWriter:
         try:
             self.client = MlflowClient(tracking_uri=uri)
             experiment = self._experiment(info.trackers.project)
-            found = self.client.search_runs([experiment], filter_string=f"tags.`rpg.run_id` = '{info.run_id}'",
-                                            max_results=1)
+            found = self.client.search_runs(
+                [experiment], filter_string=f"tags.`rpg.run_id` = '{info.run_id}'", max_results=1
+            )
             if found:
                 self.run_id = found[0].info.run_id
                 self.logged = self._logged(found[0].data.metrics)
             else:
-                self.run_id = self.client.create_run(experiment, run_name=info.name, tags=info.mlflow_tags()).info.run_id
+                self.run_id = self.client.create_run(
+                    experiment, run_name=info.name, tags=info.mlflow_tags()
+                ).info.run_id
                 self.logged = set()
                 self._params(info.config)
         except Exception as e:  # unreachable server, bad URI, store errors
-            raise TrackerError(f"trackers.mlflow: cannot open the MLflow run at {_safe(uri)} ({_first_line(e)})") from None
+            raise TrackerError(
+                f"trackers.mlflow: cannot open the MLflow run at {_safe(uri)} ({_first_line(e)})"
+            ) from None
 
     def _experiment(self, name: str) -> str:
         found = self.client.get_experiment_by_name(name)
@@ -203,8 +210,12 @@ class Writers:
             try:
                 getattr(writer, method)(*args)
             except Exception as e:
-                print(f"[rpg trackers] {writer.name}: {method} failed ({_first_line(e)}); no longer reporting to it "
-                      "(metrics.jsonl keeps every value; `rpg export` can fill it in later)", file=sys.stderr, flush=True)
+                print(
+                    f"[rpg trackers] {writer.name}: {method} failed ({_first_line(e)}); no longer reporting to it "
+                    "(metrics.jsonl keeps every value; `rpg export` can fill it in later)",
+                    file=sys.stderr,
+                    flush=True,
+                )
                 self.writers.remove(writer)
 
     def log(self, step: int, data: Mapping[str, Any]) -> None:
@@ -217,8 +228,9 @@ class Writers:
         self._each("close")
 
 
-def open_writer(name: str, info: RunInfo, resumed_after: int | None = None, wandb_dir: Path | None = None,
-                quiet: bool = False):
+def open_writer(
+    name: str, info: RunInfo, resumed_after: int | None = None, wandb_dir: Path | None = None, quiet: bool = False
+):
     """One tracker's writer for `info`'s run (its settings resolved: see rpg_cli.trackers.resolve)."""
     if name == "tensorboard":
         return TensorBoardWriter(info.tensorboard_dir, None if resumed_after is None else resumed_after + 1)

@@ -13,8 +13,13 @@ import sys
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="python -m rpg_cli.backends.local", description=__doc__.splitlines()[0])
     parser.add_argument("--spec", required=True, help="the run's spec.json; its directory is the run directory")
-    parser.add_argument("--stop-after", type=int, default=None, metavar="STEP",
-                        help="stop after this step, as if interrupted (to test or debug resuming)")
+    parser.add_argument(
+        "--stop-after",
+        type=int,
+        default=None,
+        metavar="STEP",
+        help="stop after this step, as if interrupted (to test or debug resuming)",
+    )
     return parser.parse_args(argv)
 
 

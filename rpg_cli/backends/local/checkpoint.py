@@ -1,13 +1,13 @@
 """Checkpoints and the metrics log of a run directory, both safe to interrupt at any point.
 
-    <run_dir>/checkpoints/step_N/   HF model + tokenizer (loadable by any HF tool) and trainer_state.pt
-                                    (optimizer, reference weights when they are not the initial model and
-                                    the reset schedule's state, the data position); written to a temporary
-                                    directory and renamed, so a step_N directory is always complete.
-    <run_dir>/metrics.jsonl         one line per step, {"step": N, "data": {...}}, flushed per line;
-                                    only ever appended to: a resumed attempt appends a restart line
-                                    first, which voids the steps after its checkpoint (that work is
-                                    redone), so a reader that remembers an offset never loses a line.
+<run_dir>/checkpoints/step_N/   HF model + tokenizer (loadable by any HF tool) and trainer_state.pt
+                                (optimizer, reference weights when they are not the initial model and
+                                the reset schedule's state, the data position); written to a temporary
+                                directory and renamed, so a step_N directory is always complete.
+<run_dir>/metrics.jsonl         one line per step, {"step": N, "data": {...}}, flushed per line;
+                                only ever appended to: a resumed attempt appends a restart line
+                                first, which voids the steps after its checkpoint (that work is
+                                redone), so a reader that remembers an offset never loses a line.
 """
 
 from __future__ import annotations
@@ -28,8 +28,11 @@ STATE_FILE = "trainer_state.pt"
 
 def latest_checkpoint(run_dir: Path) -> tuple[int, Path] | None:
     """(step, directory) of the newest complete checkpoint, or None."""
-    found = [(step, entry) for step, entry in rundir.step_dirs(run_dir)
-             if entry == rundir.local_checkpoint(run_dir, step) and (entry / STATE_FILE).is_file()]
+    found = [
+        (step, entry)
+        for step, entry in rundir.step_dirs(run_dir)
+        if entry == rundir.local_checkpoint(run_dir, step) and (entry / STATE_FILE).is_file()
+    ]
     return max(found) if found else None
 
 

@@ -22,13 +22,17 @@ def load_problems(files: list[str], tokenizer, max_prompt_length: int, distinct:
         try:
             table = pq.read_table(name, columns=["prompt", "reward_model", "data_source"])
         except Exception as e:  # pyarrow raises several types for missing columns / bad files
-            raise BackendError(f"{name}: not a verl-format parquet with prompt, reward_model, data_source "
-                               f"({type(e).__name__}); write it with `rpg prepare-data`") from None
+            raise BackendError(
+                f"{name}: not a verl-format parquet with prompt, reward_model, data_source "
+                f"({type(e).__name__}); write it with `rpg prepare-data`"
+            ) from None
         for row, record in enumerate(table.to_pylist()):
             messages, reward = record["prompt"], record["reward_model"] or {}
             if not messages or reward.get("ground_truth") is None:
-                raise BackendError(f"{name}: row {row} has no prompt or no reward_model.ground_truth; "
-                                   "rewrite the file with `rpg prepare-data`")
+                raise BackendError(
+                    f"{name}: row {row} has no prompt or no reward_model.ground_truth; "
+                    "rewrite the file with `rpg prepare-data`"
+                )
             ids = encode_prompt(tokenizer, list(messages))
             if len(ids) <= max_prompt_length:
                 problems.append(Problem(ids, str(reward["ground_truth"]), str(record["data_source"])))
@@ -49,7 +53,7 @@ def batch_indices(batch: int, size: int, n_problems: int, seed: int) -> list[int
     while len(out) < size:
         epoch, offset = divmod(position, n_problems)
         order = torch.randperm(n_problems, generator=torch.Generator().manual_seed(seed * 100_003 + epoch))
-        take = order[offset:offset + size - len(out)].tolist()
+        take = order[offset : offset + size - len(out)].tolist()
         out += take
         position += len(take)
     return out

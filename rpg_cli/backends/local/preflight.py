@@ -57,18 +57,25 @@ def check(spec_path: Path) -> Plan:
     if res.nodes > 1:
         raise BackendError(f"resources.nodes is {res.nodes}, but the local backend runs on one machine; allowed: 1")
     if res.gpus_per_node > 1:
-        raise BackendError(f"resources.gpus_per_node is {res.gpus_per_node}, but the local backend uses one device; "
-                           "allowed: 0 (CPU) or 1 (use the verl backend for more)")
+        raise BackendError(
+            f"resources.gpus_per_node is {res.gpus_per_node}, but the local backend uses one device; "
+            "allowed: 0 (CPU) or 1 (use the verl backend for more)"
+        )
     device = "cpu"
     if res.gpus_per_node == 1:
         import torch
 
         if not torch.cuda.is_available():
-            raise BackendError("resources.gpus_per_node is 1 but no CUDA GPU is visible here; "
-                               "allowed: 0 (runs on the CPU)")
+            raise BackendError(
+                "resources.gpus_per_node is 1 but no CUDA GPU is visible here; allowed: 0 (runs on the CPU)"
+            )
         device = "cuda"
     if spec.rollout.engine == "vllm":
-        why = "vLLM is not installed" if importlib.util.find_spec("vllm") is None else "the local backend samples with transformers"
+        why = (
+            "vLLM is not installed"
+            if importlib.util.find_spec("vllm") is None
+            else "the local backend samples with transformers"
+        )
         notes.append(f"rollout.engine vllm: {why}; sampling with transformers (hf) instead")
     for finding in check_run(spec):  # data files, model, prompts against the model's positions
         if finding.error:

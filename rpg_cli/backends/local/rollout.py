@@ -40,8 +40,14 @@ class Rollouts:
 
     def select(self, index: torch.Tensor) -> Rollouts:
         rows = index.tolist()
-        return Rollouts(self.prompt_ids[index], self.prompt_mask[index], self.response_ids[index],
-                        self.response_mask[index], self.group[index], [self.texts[i] for i in rows])
+        return Rollouts(
+            self.prompt_ids[index],
+            self.prompt_mask[index],
+            self.response_ids[index],
+            self.response_mask[index],
+            self.group[index],
+            [self.texts[i] for i in rows],
+        )
 
 
 def encode_prompt(tokenizer, messages: list[dict]) -> list[int]:
@@ -58,8 +64,8 @@ def left_pad(sequences: list[list[int]], pad_id: int) -> tuple[torch.Tensor, tor
     mask = torch.zeros((len(sequences), width), dtype=torch.long)
     for row, seq in enumerate(sequences):
         if seq:
-            ids[row, width - len(seq):] = torch.tensor(seq)
-            mask[row, width - len(seq):] = 1
+            ids[row, width - len(seq) :] = torch.tensor(seq)
+            mask[row, width - len(seq) :] = 1
     return ids, mask
 
 
@@ -78,8 +84,19 @@ def eos_ids(model, tokenizer) -> list[int]:
     return sorted(ids)
 
 
-def generate(model, tokenizer, problems: list[Problem], n: int, *, temperature: float, top_p: float,
-             max_new_tokens: int, eos_ids: list[int], device: torch.device, chunk: int = 256) -> Rollouts:
+def generate(
+    model,
+    tokenizer,
+    problems: list[Problem],
+    n: int,
+    *,
+    temperature: float,
+    top_p: float,
+    max_new_tokens: int,
+    eos_ids: list[int],
+    device: torch.device,
+    chunk: int = 256,
+) -> Rollouts:
     """n samples per problem (problem i's samples are rows i*n .. i*n+n-1), in chunks of `chunk` sequences.
 
     Sampling is exactly the spec's (temperature, top-p, no top-k, no repetition penalty): a fresh
@@ -90,14 +107,18 @@ def generate(model, tokenizer, problems: list[Problem], n: int, *, temperature: 
     prompts = [p.prompt_ids for p in problems for _ in range(n)]
     group = torch.arange(len(problems)).repeat_interleave(n)
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else eos_ids[0]
-    sampling = dict(do_sample=True, temperature=temperature, top_p=top_p, top_k=0) if temperature > 0 else dict(do_sample=False)
+    sampling = (
+        dict(do_sample=True, temperature=temperature, top_p=top_p, top_k=0)
+        if temperature > 0
+        else dict(do_sample=False)
+    )
     config = GenerationConfig(max_new_tokens=max_new_tokens, pad_token_id=pad, eos_token_id=eos_ids, **sampling)
     pieces = []
     for start in range(0, len(prompts), chunk):
-        ids, mask = left_pad(prompts[start:start + chunk], pad)
+        ids, mask = left_pad(prompts[start : start + chunk], pad)
         ids, mask = ids.to(device), mask.to(device)
         out = model.generate(input_ids=ids, attention_mask=mask, generation_config=config)
-        pieces.append((ids, mask, out[:, ids.shape[1]:]))
+        pieces.append((ids, mask, out[:, ids.shape[1] :]))
     width_p = max(p[0].shape[1] for p in pieces)
     width_t = max(max(p[2].shape[1] for p in pieces), 1)
     prompt_ids, prompt_mask, response_ids = [], [], []
@@ -120,11 +141,14 @@ def concat(parts: list[Rollouts], pad: int) -> Rollouts:
     width_t = max(r.response_ids.shape[1] for r in parts)
     pad_left = lambda x, value: torch.nn.functional.pad(x, (width_p - x.shape[1], 0), value=value)  # noqa: E731
     pad_right = lambda x, value: torch.nn.functional.pad(x, (0, width_t - x.shape[1]), value=value)  # noqa: E731
-    return Rollouts(torch.cat([pad_left(r.prompt_ids, pad) for r in parts]),
-                    torch.cat([pad_left(r.prompt_mask, 0) for r in parts]),
-                    torch.cat([pad_right(r.response_ids, pad) for r in parts]),
-                    torch.cat([pad_right(r.response_mask, 0) for r in parts]),
-                    torch.cat([r.group for r in parts]), [t for r in parts for t in r.texts])
+    return Rollouts(
+        torch.cat([pad_left(r.prompt_ids, pad) for r in parts]),
+        torch.cat([pad_left(r.prompt_mask, 0) for r in parts]),
+        torch.cat([pad_right(r.response_ids, pad) for r in parts]),
+        torch.cat([pad_right(r.response_mask, 0) for r in parts]),
+        torch.cat([r.group for r in parts]),
+        [t for r in parts for t in r.texts],
+    )
 
 
 def valid_response_mask(response_ids: torch.Tensor, eos_ids: list[int]) -> torch.Tensor:
@@ -145,8 +169,14 @@ def score_rollouts(rollouts: Rollouts, problems: list[Problem]) -> tuple[torch.T
     return scores, acc
 
 
-def token_log_probs(model, rollouts: Rollouts, temperature: float, with_entropy: bool = False,
-                    entropy_grad: bool = False, autocast: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
+def token_log_probs(
+    model,
+    rollouts: Rollouts,
+    temperature: float,
+    with_entropy: bool = False,
+    entropy_grad: bool = False,
+    autocast: bool = False,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
     """log pi(response token) per position (B, T), and the policy's entropy there when asked.
 
     Logits are divided by the sampling temperature, as verl does, so that log-probs belong to the
@@ -155,8 +185,17 @@ def token_log_probs(model, rollouts: Rollouts, temperature: float, with_entropy:
     input_ids, attention_mask = rollouts.input_ids, rollouts.attention_mask
     t = rollouts.response_ids.shape[1]  # the last t + 1 logits predict the response tokens (and one past)
     with torch.autocast(device_type=input_ids.device.type, dtype=torch.bfloat16, enabled=autocast):
-        logits = model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids(attention_mask),
-                       use_cache=False, logits_to_keep=t + 1).logits[:, :t].float()
+        logits = (
+            model(
+                input_ids=input_ids,
+                attention_mask=attention_mask,
+                position_ids=position_ids(attention_mask),
+                use_cache=False,
+                logits_to_keep=t + 1,
+            )
+            .logits[:, :t]
+            .float()
+        )
     if temperature > 0:
         logits = logits / temperature
     log_norm = torch.logsumexp(logits, dim=-1)

@@ -32,16 +32,16 @@ from dataclasses import dataclass
 import torch
 
 from rpg_cli import rundir
-from rpg_cli.algorithms import aggregate, kl_penalty_loss, policy_loss
 from rpg_cli.algorithms import advantages as adv
+from rpg_cli.algorithms import aggregate, kl_penalty_loss, policy_loss
 from rpg_cli.algorithms.kl import reference_kl
 from rpg_cli.backends.local import checkpoint as ckpt
 from rpg_cli.backends.local.data import batch_indices, load_problems
 from rpg_cli.backends.local.preflight import BackendError, Plan
 from rpg_cli.backends.local.rollout import Problem, Rollouts, concat, eos_ids, generate, score_rollouts, token_log_probs
+from rpg_cli.spec import Every, ReferenceTracker
 from rpg_cli.trackers import TrackerError
 from rpg_cli.trackers.writers import open_run
-from rpg_cli.spec import Every, ReferenceTracker
 
 # Sequences per forward/backward chunk are bounded by this many tokens (gradient accumulation above it).
 MICRO_BATCH_TOKENS = 32_768
@@ -82,20 +82,26 @@ class Trainer:
             self.tokenizer = AutoTokenizer.from_pretrained(source, padding_side="left")
             self.model = AutoModelForCausalLM.from_pretrained(source, dtype=torch.float32).to(self.device)
         except (OSError, ValueError) as e:
-            raise BackendError(f"model: cannot load {source} ({str(e).splitlines()[0]}); "
-                               "point it at an HF causal-LM directory") from None
+            raise BackendError(
+                f"model: cannot load {source} ({str(e).splitlines()[0]}); point it at an HF causal-LM directory"
+            ) from None
         self.model.eval()  # dropout off (see module doc)
         if self.tokenizer.pad_token_id is None:
             self.tokenizer.pad_token = self.tokenizer.eos_token
         self.eos_ids = eos_ids(self.model, self.tokenizer)
         self.train_problems = load_problems(spec.data.train_files, self.tokenizer, spec.max_prompt_length)
-        self.val_problems = (load_problems(spec.data.val_files, self.tokenizer, spec.max_prompt_length, distinct=True)
-                             if spec.data.val_files else [])
+        self.val_problems = (
+            load_problems(spec.data.val_files, self.tokenizer, spec.max_prompt_length, distinct=True)
+            if spec.data.val_files
+            else []
+        )
         self.optimizer = make_optimizer(spec, self.model)
         self.ref_model = None
         self.reference = ReferenceTracker(spec.reference)  # when pi_ref is reset, and the ref/* metrics
         if spec.reference != "iterative":  # frozen, or reset now and then: starts as the initial model
-            self.ref_model = AutoModelForCausalLM.from_pretrained(spec.model, dtype=torch.float32).to(self.device).eval()
+            self.ref_model = (
+                AutoModelForCausalLM.from_pretrained(spec.model, dtype=torch.float32).to(self.device).eval()
+            )
             self.ref_model.requires_grad_(False)
         self.start_step, self.gen_batches = 1, 0
         if resume:
@@ -140,9 +146,11 @@ class Trainer:
             self.log_metrics(step, metrics)
             if step % spec.save_every == 0 or step == spec.steps:
                 self.save(step)
-            log(f"step {step}/{spec.steps} score {metrics['critic/score/mean']:+.3f} "
+            log(
+                f"step {step}/{spec.steps} score {metrics['critic/score/mean']:+.3f} "
                 f"pg_loss {metrics['actor/pg_loss']:+.4f} {metrics['timing_s/step']:.2f}s"
-                + "".join(f" {k} {v:.3f}" for k, v in metrics.items() if k.startswith("val-core/")))
+                + "".join(f" {k} {v:.3f}" for k, v in metrics.items() if k.startswith("val-core/"))
+            )
         if self.trackers is not None:
             self.trackers.close()
 
@@ -164,11 +172,17 @@ class Trainer:
             ref_log_prob = self.forward_log_probs(self.ref_model, r)
             timing["timing_s/ref"] = time.perf_counter() - t
         # the step's KL to its reference (0 for the iterative one, pi_ref = pi_old): the KL trigger's input
-        self.reference.observe(0.0 if ref_log_prob is None else reference_kl(old_log_prob, ref_log_prob, r.response_mask))
+        self.reference.observe(
+            0.0 if ref_log_prob is None else reference_kl(old_log_prob, ref_log_prob, r.response_mask)
+        )
         t = time.perf_counter()
         rewards = batch.rewards
         extra: dict[str, float] = {}
-        if spec.advantage_estimator in ("reinforce_pp", "reinforce_pp_baseline") and spec.beta and ref_log_prob is not None:
+        if (
+            spec.advantage_estimator in ("reinforce_pp", "reinforce_pp_baseline")
+            and spec.beta
+            and ref_log_prob is not None
+        ):
             # KL in the reward (verl's use_kl_in_reward): R - beta * sum of the per-token k1 penalties
             k1 = adv.reward_kl_penalty(old_log_prob, ref_log_prob, r.response_mask)
             extra["actor/reward_kl_penalty"] = float(k1.sum() / r.response_mask.sum())
@@ -181,10 +195,16 @@ class Trainer:
         actor = self.update(step, r, old_log_prob, ref_log_prob, advantages)
         self._eval_weights()
         timing["timing_s/update_actor"] = time.perf_counter() - t
-        return {**actor, **extra, **batch_metrics(batch, rewards, advantages, self.max_new_tokens(r)), **timing,
-                **self.reference.metrics(step),
-                "train/num_gen_batches": float(batch.gen_batches), "training/global_step": float(step),
-                "training/epoch": float(self.gen_batches * spec.train_batch_size // len(self.train_problems))}
+        return {
+            **actor,
+            **extra,
+            **batch_metrics(batch, rewards, advantages, self.max_new_tokens(r)),
+            **timing,
+            **self.reference.metrics(step),
+            "train/num_gen_batches": float(batch.gen_batches),
+            "training/global_step": float(step),
+            "training/epoch": float(self.gen_batches * spec.train_batch_size // len(self.train_problems)),
+        }
 
     # ------------------------------------------------------------------ pieces of a step
 
@@ -196,8 +216,11 @@ class Trainer:
         kept: list[tuple[Rollouts, torch.Tensor, torch.Tensor]] = []
         groups, generated = 0, 0
         while True:
-            problems = [self.train_problems[i] for b in range(self.gen_batches, self.gen_batches + per_round)
-                        for i in batch_indices(b, spec.train_batch_size, len(self.train_problems), spec.seed)]
+            problems = [
+                self.train_problems[i]
+                for b in range(self.gen_batches, self.gen_batches + per_round)
+                for i in batch_indices(b, spec.train_batch_size, len(self.train_problems), spec.seed)
+            ]
             self.gen_batches += per_round
             generated += 1
             r = self.rollout(problems, spec.rollout_n, spec.rollout.temperature, spec.rollout.top_p)
@@ -210,7 +233,9 @@ class Trainer:
             if len(keep):
                 kept.append((r.select(keep), scores[keep], acc[keep]))
                 groups += len(keep) // spec.rollout_n
-            if groups >= spec.train_batch_size or (sampling.max_num_gen_batches and generated >= sampling.max_num_gen_batches):
+            if groups >= spec.train_batch_size or (
+                sampling.max_num_gen_batches and generated >= sampling.max_num_gen_batches
+            ):
                 break
         if not kept:  # every group uniform: train on the last round's first batch as is (group advantages 0)
             first = torch.arange(spec.train_batch_size * spec.rollout_n)
@@ -224,12 +249,14 @@ class Trainer:
         if spec.overlong is not None:
             budget = self.max_new_tokens(r)
             lengths = r.response_mask.sum(-1).cpu()
-            rewards = rewards + adv.overlong_penalty(lengths, budget, min(spec.overlong.buffer, budget),
-                                                     spec.overlong.penalty_factor)
+            rewards = rewards + adv.overlong_penalty(
+                lengths, budget, min(spec.overlong.buffer, budget), spec.overlong.penalty_factor
+            )
         return Batch(r, scores, acc, rewards, generated)
 
-    def advantages(self, batch: Batch, rewards: torch.Tensor, old_log_prob: torch.Tensor,
-                   ref_log_prob: torch.Tensor | None) -> torch.Tensor:
+    def advantages(
+        self, batch: Batch, rewards: torch.Tensor, old_log_prob: torch.Tensor, ref_log_prob: torch.Tensor | None
+    ) -> torch.Tensor:
         """The spec's advantages of `rewards` (REINFORCE++: the batch's rewards with the per-token k1 penalty
         folded in along the response; the others: one reward per response, net of any KL penalty)."""
         spec, r = self.spec, batch.rollouts
@@ -265,31 +292,57 @@ class Trainer:
                 for micro in self.micro_batches(r, index):
                     part = r.select(micro)
                     weight = len(micro) / len(index)
-                    log_prob, entropy = token_log_probs(self.model, part, spec.rollout.temperature,
-                                                        with_entropy=True, entropy_grad=bool(spec.entropy_coeff),
-                                                        autocast=self.device.type == "cuda")
+                    log_prob, entropy = token_log_probs(
+                        self.model,
+                        part,
+                        spec.rollout.temperature,
+                        with_entropy=True,
+                        entropy_grad=bool(spec.entropy_coeff),
+                        autocast=self.device.type == "cuda",
+                    )
                     loss, m = policy_loss(
-                        spec.loss_name, log_prob=log_prob, old_log_prob=old_log_prob[micro],
-                        advantages=advantages[micro], response_mask=part.response_mask,
-                        ref_log_prob=None if ref_log_prob is None else ref_log_prob[micro], beta=spec.beta,
-                        clip=clip is not None, eps_low=clip.eps_low if clip else 0.2,
-                        eps_high=clip.eps_high if clip else 0.28, clip_c=clip.c if clip else 10.0,
-                        loss_agg_mode=spec.loss_agg_mode, clipped_weight=bool(clip and clip.clipped_weight_in_sg),
-                        kl_clamp=spec.kl_clamp)
+                        spec.loss_name,
+                        log_prob=log_prob,
+                        old_log_prob=old_log_prob[micro],
+                        advantages=advantages[micro],
+                        response_mask=part.response_mask,
+                        ref_log_prob=None if ref_log_prob is None else ref_log_prob[micro],
+                        beta=spec.beta,
+                        clip=clip is not None,
+                        eps_low=clip.eps_low if clip else 0.2,
+                        eps_high=clip.eps_high if clip else 0.28,
+                        clip_c=clip.c if clip else 10.0,
+                        loss_agg_mode=spec.loss_agg_mode,
+                        clipped_weight=bool(clip and clip.clipped_weight_in_sg),
+                        kl_clamp=spec.kl_clamp,
+                    )
                     entropy_mean = aggregate(entropy, part.response_mask.bool(), spec.loss_agg_mode)
                     if spec.entropy_coeff:
                         loss = loss - spec.entropy_coeff * entropy_mean
                     if spec.kl_loss is not None:  # toward the frozen model, or pi_old for the iterative reference
                         reference = old_log_prob[micro] if ref_log_prob is None else ref_log_prob[micro]
-                        kl_value = kl_penalty_loss(spec.kl_loss.estimator, log_prob=log_prob, ref_log_prob=reference,
-                                                   response_mask=part.response_mask, loss_agg_mode=spec.loss_agg_mode)
+                        kl_value = kl_penalty_loss(
+                            spec.kl_loss.estimator,
+                            log_prob=log_prob,
+                            ref_log_prob=reference,
+                            response_mask=part.response_mask,
+                            loss_agg_mode=spec.loss_agg_mode,
+                        )
                         loss = loss + spec.kl_loss.coef * kl_value
                         m["kl"] = float(kl_value.detach())
                     (loss * weight).backward()
-                    record(sums, {"actor/pg_loss": m["pg_loss"], "actor/kl_loss": m.get("kl", 0.0),
-                                  "actor/ppo_kl": m["ppo_kl"], "actor/pg_clipfrac": m["clipfrac"],
-                                  "actor/pg_clipfrac_lower": m["clipfrac_dual"], "actor/ratio_mean": m["ratio_mean"],
-                                  "actor/entropy": float(entropy_mean.detach())})
+                    record(
+                        sums,
+                        {
+                            "actor/pg_loss": m["pg_loss"],
+                            "actor/kl_loss": m.get("kl", 0.0),
+                            "actor/ppo_kl": m["ppo_kl"],
+                            "actor/pg_clipfrac": m["clipfrac"],
+                            "actor/pg_clipfrac_lower": m["clipfrac_dual"],
+                            "actor/ratio_mean": m["ratio_mean"],
+                            "actor/entropy": float(entropy_mean.detach()),
+                        },
+                    )
                 grad_norm = float(torch.nn.utils.clip_grad_norm_(self.model.parameters(), spec.grad_clip))
                 if math.isfinite(grad_norm):  # verl skips the step on a non-finite gradient
                     self.optimizer.step()
@@ -311,23 +364,39 @@ class Trainer:
             k = spec.val.n
             out[f"val-core/{source}/acc/mean@{k}"] = float(acc[rows].mean())
             out[f"val-aux/{source}/score/mean@{k}"] = float(scores[rows].mean())
-            out[f"val-aux/{source}/response_length/mean"] = float(r.response_mask[rows.to(self.device)].sum(-1).float().mean())
+            out[f"val-aux/{source}/response_length/mean"] = float(
+                r.response_mask[rows.to(self.device)].sum(-1).float().mean()
+            )
         return out
 
     def save(self, step: int) -> None:
         self._eval_weights()
         resets = isinstance(self.spec.reference, Every)  # the reference may be neither the initial model nor the policy
-        state = {"step": step, "gen_batches": self.gen_batches, "optimizer": self.optimizer.state_dict(),
-                 "ref": self.ref_model.state_dict() if resets else None, "reference": self.reference.state_dict(),
-                 "run_id": self.spec.run_id}
+        state = {
+            "step": step,
+            "gen_batches": self.gen_batches,
+            "optimizer": self.optimizer.state_dict(),
+            "ref": self.ref_model.state_dict() if resets else None,
+            "reference": self.reference.state_dict(),
+            "run_id": self.spec.run_id,
+        }
         ckpt.save_checkpoint(self.run_dir, step, self.model, self.tokenizer, state)
 
     # ------------------------------------------------------------------ helpers
 
     def rollout(self, problems: list[Problem], n: int, temperature: float, top_p: float) -> Rollouts:
         longest = max(len(p.prompt_ids) for p in problems)
-        return generate(self.model, self.tokenizer, problems, n, temperature=temperature, top_p=top_p,
-                        max_new_tokens=self.response_budget(longest), eos_ids=self.eos_ids, device=self.device)
+        return generate(
+            self.model,
+            self.tokenizer,
+            problems,
+            n,
+            temperature=temperature,
+            top_p=top_p,
+            max_new_tokens=self.response_budget(longest),
+            eos_ids=self.eos_ids,
+            device=self.device,
+        )
 
     def response_budget(self, prompt_length: int) -> int:
         """The spec's response length, within the model's position limit."""
@@ -346,8 +415,10 @@ class Trainer:
     @torch.no_grad()
     def forward_log_probs(self, model, r: Rollouts) -> torch.Tensor:
         index = torch.arange(len(r.texts), device=self.device)
-        parts = [token_log_probs(model, r.select(m), self.spec.rollout.temperature,
-                                 autocast=self.device.type == "cuda")[0] for m in self.micro_batches(r, index)]
+        parts = [
+            token_log_probs(model, r.select(m), self.spec.rollout.temperature, autocast=self.device.type == "cuda")[0]
+            for m in self.micro_batches(r, index)
+        ]
         return torch.cat(parts)
 
     def _eval_weights(self) -> None:
@@ -380,14 +451,22 @@ def batch_metrics(batch: Batch, rewards: torch.Tensor, advantages: torch.Tensor,
     prompt_length = r.prompt_mask.sum(-1).float()
     valid_adv = advantages[mask]
     out = {
-        "critic/score/mean": batch.scores.mean(), "critic/score/max": batch.scores.max(), "critic/score/min": batch.scores.min(),
-        "critic/rewards/mean": rewards.mean(), "critic/rewards/max": rewards.max(), "critic/rewards/min": rewards.min(),
-        "critic/advantages/mean": valid_adv.mean(), "critic/advantages/max": valid_adv.max(),
+        "critic/score/mean": batch.scores.mean(),
+        "critic/score/max": batch.scores.max(),
+        "critic/score/min": batch.scores.min(),
+        "critic/rewards/mean": rewards.mean(),
+        "critic/rewards/max": rewards.max(),
+        "critic/rewards/min": rewards.min(),
+        "critic/advantages/mean": valid_adv.mean(),
+        "critic/advantages/max": valid_adv.max(),
         "critic/advantages/min": valid_adv.min(),
         "train/acc/mean": batch.acc.mean(),
-        "response_length/mean": length.mean(), "response_length/max": length.max(), "response_length/min": length.min(),
+        "response_length/mean": length.mean(),
+        "response_length/max": length.max(),
+        "response_length/min": length.min(),
         "response_length/clip_ratio": (length >= budget).float().mean(),
-        "prompt_length/mean": prompt_length.mean(), "prompt_length/max": prompt_length.max(),
+        "prompt_length/mean": prompt_length.mean(),
+        "prompt_length/max": prompt_length.max(),
         "prompt_length/min": prompt_length.min(),
         "perf/total_num_tokens": length.sum() + prompt_length.sum(),
     }
@@ -403,8 +482,10 @@ def main(spec_path: str, stop_after: int | None = None) -> int:
         for note in plan.notes:
             log(f"note: {note}")
         trainer = Trainer(plan)
-        log(f"{plan.spec.run_name}: {plan.spec.algorithm} ({plan.spec.loss_name}) on {plan.device}, "
-            f"{len(trainer.train_problems)} training prompts, steps {trainer.start_step}..{plan.spec.steps}")
+        log(
+            f"{plan.spec.run_name}: {plan.spec.algorithm} ({plan.spec.loss_name}) on {plan.device}, "
+            f"{len(trainer.train_problems)} training prompts, steps {trainer.start_step}..{plan.spec.steps}"
+        )
         trainer.fit(stop_after)
     except (BackendError, TrackerError) as e:
         print(f"rpg local backend: {e}", file=sys.stderr, flush=True)

@@ -105,8 +105,10 @@ def check(spec: ExperimentSpec) -> None:
     for name in spec.data.val_files:
         _check_one_row_per_problem(name, spec.val.n)
     if spec.resources.gpus_per_node < 1:
-        raise SpecError("verl trains on GPUs; allowed with backend verl: >= 1 (use backend local on CPUs)",
-                        "resources.gpus_per_node")
+        raise SpecError(
+            "verl trains on GPUs; allowed with backend verl: >= 1 (use backend local on CPUs)",
+            "resources.gpus_per_node",
+        )
     rollouts = spec.train_batch_size * spec.rollout_n
     gpus = spec.resources.nodes * spec.resources.gpus_per_node
     if rollouts % gpus:
@@ -278,23 +280,27 @@ def _tricks(spec: ExperimentSpec) -> dict[str, Any]:
     on any algorithm; both off when the spec does not ask for them."""
     values: dict[str, Any] = {"algorithm.filter_groups.enable": spec.dynamic_sampling is not None}
     if spec.dynamic_sampling is not None:
-        values.update({
-            "algorithm.filter_groups.metric": "acc",  # rpg_cli.rewards' correctness, before any length penalty
-            # prompt batches in flight at once, in train_batch_size units: the scripts' generation batch of 3 x 512
-            "algorithm.filter_groups.max_inflight_gen_batches": spec.dynamic_sampling.gen_batches,
-            # verl 0.9.1's V1 sampler warns and ignores this (it refills until the batch is full); kept for the record
-            "algorithm.filter_groups.max_num_gen_batches": spec.dynamic_sampling.max_num_gen_batches,
-        })
+        values.update(
+            {
+                "algorithm.filter_groups.metric": "acc",  # rpg_cli.rewards' correctness, before any length penalty
+                # prompt batches in flight at once, in train_batch_size units: the scripts' generation batch of 3 x 512
+                "algorithm.filter_groups.max_inflight_gen_batches": spec.dynamic_sampling.gen_batches,
+                # verl 0.9.1's V1 sampler warns and ignores this (it refills until the batch is full); kept for the record
+                "algorithm.filter_groups.max_num_gen_batches": spec.dynamic_sampling.max_num_gen_batches,
+            }
+        )
     if spec.overlong is not None:
         shaping = "+reward.reward_kwargs.overlong_buffer_cfg"
-        values.update({
-            "reward.reward_manager.name": "dapo",
-            f"{shaping}.enable": True,
-            f"{shaping}.len": spec.overlong.buffer,
-            f"{shaping}.penalty_factor": spec.overlong.penalty_factor,
-            f"{shaping}.log": True,
-            "+reward.reward_kwargs.max_resp_len": spec.max_response_length,
-        })
+        values.update(
+            {
+                "reward.reward_manager.name": "dapo",
+                f"{shaping}.enable": True,
+                f"{shaping}.len": spec.overlong.buffer,
+                f"{shaping}.penalty_factor": spec.overlong.penalty_factor,
+                f"{shaping}.log": True,
+                "+reward.reward_kwargs.max_resp_len": spec.max_response_length,
+            }
+        )
     return values
 
 

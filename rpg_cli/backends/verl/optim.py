@@ -28,12 +28,31 @@ from schedulefree import AdamWScheduleFree as _AdamWScheduleFree
 class AdamWScheduleFree(_AdamWScheduleFree):
     """Schedule-free AdamW that is always in train mode when it steps."""
 
-    def __init__(self, params, lr: float = 1e-3, betas=(0.9, 0.999), eps: float = 1e-8, weight_decay: float = 0.0,
-                 warmup_steps: int = 0, r: float = 0.0, weight_lr_power: float = 2.0, foreach: bool | None = None):
+    def __init__(
+        self,
+        params,
+        lr: float = 1e-3,
+        betas=(0.9, 0.999),
+        eps: float = 1e-8,
+        weight_decay: float = 0.0,
+        warmup_steps: int = 0,
+        r: float = 0.0,
+        weight_lr_power: float = 2.0,
+        foreach: bool | None = None,
+    ):
         if foreach is None:
             foreach = hasattr(torch, "_foreach_mul_")
-        super().__init__(params, lr=lr, betas=tuple(betas), eps=eps, weight_decay=weight_decay,
-                         warmup_steps=warmup_steps, r=r, weight_lr_power=weight_lr_power, foreach=foreach)
+        super().__init__(
+            params,
+            lr=lr,
+            betas=tuple(betas),
+            eps=eps,
+            weight_decay=weight_decay,
+            warmup_steps=warmup_steps,
+            r=r,
+            weight_lr_power=weight_lr_power,
+            foreach=foreach,
+        )
         self.train()  # no state yet: only sets the mode flag
 
     @torch.no_grad()

@@ -75,17 +75,23 @@ def rpg_policy_loss(
 ) -> tuple[torch.Tensor, dict[str, Any]]:
     """verl's PolicyLossFn for loss `name`: `policy_loss` scaled to verl's global-batch aggregation."""
     if rollout_is_weights is not None:
-        raise ValueError(f"policy loss {name} does not take rollout correction weights; disable "
-                         "algorithm.rollout_correction for rpg runs")
+        raise ValueError(
+            f"policy loss {name} does not take rollout correction weights; disable "
+            "algorithm.rollout_correction for rpg runs"
+        )
     settings = config.policy_loss
     if not isinstance(settings, RPGPolicyLossConfig):
-        raise TypeError(f"policy loss {name} needs actor.policy_loss._target_="
-                        f"{RPGPolicyLossConfig.__module__}.RPGPolicyLossConfig (rpg's overrides set it)")
+        raise TypeError(
+            f"policy loss {name} needs actor.policy_loss._target_="
+            f"{RPGPolicyLossConfig.__module__}.RPGPolicyLossConfig (rpg's overrides set it)"
+        )
     if settings.use_reference:
         ref_log_prob = _reference.get() if ref_log_prob is None else ref_log_prob
         if ref_log_prob is None:
-            raise ValueError(f"policy loss {name} regularises toward the frozen reference, but the batch has "
-                             "no ref_log_prob (actor.use_kl_loss must be true so that verl computes it)")
+            raise ValueError(
+                f"policy loss {name} regularises toward the frozen reference, but the batch has "
+                "no ref_log_prob (actor.use_kl_loss must be true so that verl computes it)"
+            )
     else:
         ref_log_prob = None  # the iterative reference: pi_ref = pi_old
     loss, metrics = policy_loss(
@@ -138,17 +144,26 @@ def _verl_metrics(metrics: dict[str, float]) -> dict[str, float]:
 
 
 def _register(name: str) -> None:
-    def loss_fn(old_log_prob, log_prob, advantages, response_mask, loss_agg_mode="token-mean", config=None,
-                rollout_is_weights=None):
-        return rpg_policy_loss(name, old_log_prob, log_prob, advantages, response_mask, loss_agg_mode, config,
-                               rollout_is_weights)
+    def loss_fn(
+        old_log_prob,
+        log_prob,
+        advantages,
+        response_mask,
+        loss_agg_mode="token-mean",
+        config=None,
+        rollout_is_weights=None,
+    ):
+        return rpg_policy_loss(
+            name, old_log_prob, log_prob, advantages, response_mask, loss_agg_mode, config, rollout_is_weights
+        )
 
     loss_fn.__name__ = loss_fn.__qualname__ = f"rpg_policy_loss_{name}"
     loss_fn.__module__ = __name__
     existing = POLICY_LOSS_REGISTRY.get(name)
     if existing is not None and getattr(existing, "__module__", None) != __name__:
-        raise RuntimeError(f"verl already has a policy loss named {name!r} ({existing.__module__}); rpg will not "
-                           "replace it")
+        raise RuntimeError(
+            f"verl already has a policy loss named {name!r} ({existing.__module__}); rpg will not replace it"
+        )
     register_policy_loss(name)(loss_fn)
 
 
@@ -161,16 +176,17 @@ def wrap_ppo_loss(verl_ppo_loss):
         return verl_ppo_loss
 
     def ppo_loss(config, model_output, data, dp_group=None):
-        reference = None
+        ref_log_prob = None
         settings = config.policy_loss
         if isinstance(settings, RPGPolicyLossConfig) and settings.kl_loss_to_old:
             data = data.copy()  # shallow: the caller's micro-batch keeps its keys
             data["ref_log_prob"] = data["old_log_probs"]
             config = dataclasses.replace(config, use_kl_loss=True)
-        if isinstance(settings, RPGPolicyLossConfig) and settings.use_reference and "ref_log_prob" in data.keys():
+        # TensorDict has no `in`: keys() it is
+        if isinstance(settings, RPGPolicyLossConfig) and settings.use_reference and "ref_log_prob" in data.keys():  # noqa: SIM118
             # the same padded layout verl's ppo_loss gives old_log_probs
-            reference = data.select("ref_log_prob").to_padded_tensor()["ref_log_prob"]
-        token = _reference.set(reference)
+            ref_log_prob = data.select("ref_log_prob").to_padded_tensor()["ref_log_prob"]
+        token = _reference.set(ref_log_prob)
         try:
             return verl_ppo_loss(config, model_output, data, dp_group)
         finally:

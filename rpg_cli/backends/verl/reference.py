@@ -78,14 +78,18 @@ def copy_shards(source: dict[str, torch.Tensor], target: torch.nn.Module) -> int
     targets = shards(target)
     if source.keys() != targets.keys():
         differ = sorted(source.keys() ^ targets.keys())[:3]
-        raise RuntimeError(f"the reference engine is not wrapped like the actor (parameters differ: {differ}); "
-                           "give actor_rollout_ref.ref the actor's strategy and fsdp settings")
+        raise RuntimeError(
+            f"the reference engine is not wrapped like the actor (parameters differ: {differ}); "
+            "give actor_rollout_ref.ref the actor's strategy and fsdp settings"
+        )
     copied = 0
     for name, dst in targets.items():
         src = source[name]
         if src.shape != dst.shape:
-            raise RuntimeError(f"{name}: the actor's shard has shape {tuple(src.shape)} and the reference's "
-                               f"{tuple(dst.shape)}; give actor_rollout_ref.ref the actor's strategy and fsdp settings")
+            raise RuntimeError(
+                f"{name}: the actor's shard has shape {tuple(src.shape)} and the reference's "
+                f"{tuple(dst.shape)}; give actor_rollout_ref.ref the actor's strategy and fsdp settings"
+            )
         dst.copy_(src)
         copied += dst.numel()
     return copied
@@ -101,8 +105,10 @@ class RPGActorRolloutRefWorker(ActorRolloutRefWorker):
 
     def _engines(self) -> tuple[torch.nn.Module, torch.nn.Module]:
         if self.actor is None or self.ref is None:
-            raise RuntimeError(f"resetting the reference needs the actor and the reference in one worker "
-                               f"(role actor_rollout_ref), got role {self.role}")
+            raise RuntimeError(
+                f"resetting the reference needs the actor and the reference in one worker "
+                f"(role actor_rollout_ref), got role {self.role}"
+            )
         return self.actor.engine.module, self.ref.engine.module
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
@@ -158,11 +164,15 @@ class RPGTrainer(PPOTrainerSync):
         super()._setup()
         resets = isinstance(self.reference.reference, Every)
         if resets and not self.use_reference_policy:
-            raise ValueError("the reference schedule needs verl's ref worker: set actor_rollout_ref.actor.use_kl_loss"
-                             "=true (rpg's overrides do)")
+            raise ValueError(
+                "the reference schedule needs verl's ref worker: set actor_rollout_ref.actor.use_kl_loss"
+                "=true (rpg's overrides do)"
+            )
         if resets and (self.ref_in_actor or self.ref_policy_wg is not self.actor_rollout_wg):
-            raise ValueError("resetting the reference needs the actor and the reference in one worker (no LoRA, "
-                             "actor_rollout_ref role)")
+            raise ValueError(
+                "resetting the reference needs the actor and the reference in one worker (no LoRA, "
+                "actor_rollout_ref role)"
+            )
 
     # -- the schedule ----------------------------------------------------------------------
 
@@ -175,8 +185,11 @@ class RPGTrainer(PPOTrainerSync):
 
     def _compute_ref_log_prob(self, batch, metrics: dict):
         batch = super()._compute_ref_log_prob(batch, metrics)
-        data = tq.kv_batch_get(keys=batch.keys, partition_id=batch.partition_id,
-                               select_fields=["old_log_probs", "ref_log_prob", "response_mask"])
+        data = tq.kv_batch_get(
+            keys=batch.keys,
+            partition_id=batch.partition_id,
+            select_fields=["old_log_probs", "ref_log_prob", "response_mask"],
+        )
         self.reference.observe(batch_reference_kl(data))
         return batch
 
