@@ -502,6 +502,31 @@ def test_export_to_tensorboard_twice_rewrites_one_log_dir_per_run(tmp_path, offl
     assert_no_secrets(tmp_path, text="".join(out))
 
 
+@needs_tensorboard
+def test_export_carries_the_interval_of_an_evaluation_whose_samples_are_stored(tmp_path, offline_env):
+    import numpy as np
+
+    from rpg_cli import stats
+
+    db, plans = synthetic_store(tmp_path)
+    correct = [[1, 1, 0, 1, 1, 1, 0, 1], [0] * 8, [1] * 8, [1, 0] * 4]  # 4 problems x 8 samples
+    protocol = {"n": 8, "temperature": 1.0, "top_p": 1.0, "max_tokens": 64, "seed": 0}
+    store = open_store(db)
+    store.record_samples([{"run_id": plans[0].id, "step": 3, "benchmark": "aime25", "problem": f"p{i}",
+                           "sample_index": j, "scorer": "dapo", **protocol, "position": i, "extracted": "1",
+                           "correct": bool(c), "response_length": 5}
+                          for i, row in enumerate(correct) for j, c in enumerate(row)])  # fmt: skip
+    store.close()
+    export_twice(["--to", "tensorboard", "--sweep", "sw", "--db", db, "--dir", str(tmp_path / "tb")])
+    want = stats.score(stats.Runs({"b": np.array([[sum(row) / 8 for row in correct]])}), "b")
+    tb = read_tensorboard(tmp_path / "tb" / "sw" / plans[0].name)
+    got = (tb["eval/aime25/dapo/mean@8/ci_low"][3], tb["eval/aime25/dapo/mean@8/ci_high"][3])
+    assert got == pytest.approx((want.low, want.high), abs=1e-6) and want.low < want.high
+    assert 2 not in tb["eval/aime25/dapo/mean@8/ci_low"]  # step 2: no samples stored, no interval
+    other = read_tensorboard(tmp_path / "tb" / "sw" / plans[1].name)
+    assert not any(key.endswith("/ci_low") for key in other)  # pass@1 and runs without samples: none
+
+
 @needs_wandb
 def test_export_to_wandb_offline_twice_keeps_one_run_per_rpg_run(tmp_path, offline_env):
     db, plans = synthetic_store(tmp_path)

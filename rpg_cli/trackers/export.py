@@ -2,7 +2,7 @@
 runs that were not tracked live (a cluster without internet access, a tracker added afterwards).
 
 Per run: every metric at its step under metrics.jsonl's (verl's) names, the evals at their checkpoint
-steps (`eval_metrics`), the spec as config, and the group and tags a live run gets (the sweep's varying
+steps (`eval_metrics`; with their problem-sampling intervals, `with_intervals`), the spec as config, and the group and tags a live run gets (the sweep's varying
 fields are computed over the sweep's runs in the store). Settings: the options given, else the run's
 own `trackers` block, else the defaults of a live run (rpg_cli.trackers.resolve).
 
@@ -23,7 +23,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+import numpy as np
+
+from rpg_cli import stats
 from rpg_cli.spec import TRACKER_NAMES, MlflowTracker, TensorBoardTracker, Trackers, WandbTracker
+from rpg_cli.store.schema import PROTOCOL
 from rpg_cli.trackers import RunInfo, TrackerError, axis_tags, require, run_info, wandb_run_id
 
 if TYPE_CHECKING:
@@ -75,6 +79,26 @@ def eval_metrics(rows: Iterable[Mapping[str, Any]]) -> dict[int, dict[str, float
 def protocol_tag(row: Mapping[str, Any]) -> str:
     """How an eval's samples were drawn, as one key part: n8_T0.6_top_p0.95_max1024_seed0."""
     return f"n{row['n']}_T{row['temperature']:g}_top_p{row['top_p']:g}_max{row['max_tokens']}_seed{row['seed']}"
+
+
+def with_intervals(evals: list[Mapping[str, Any]], problems: Iterable[Any]) -> list[Mapping[str, Any]]:
+    """The eval rows, and for each mean@n (k = n) whose samples are stored (`Store.problem_scores`) the
+    bounds of its 95% interval as rows `mean@k/ci_low` and `mean@k/ci_high`: one run's evaluation, so
+    the interval covers the sampling of the benchmark's problems (rpg_cli.stats; seeds: `rpg report`)."""
+    by_eval: dict[tuple[Any, ...], list[float]] = {}
+    for p in problems:
+        by_eval.setdefault((p.step, p.benchmark, p.scorer, *(getattr(p, n) for n in PROTOCOL)), []).append(p.accuracy)
+    out = list(evals)
+    for row in evals:
+        if not str(row["metric"]).startswith("mean@") or row["k"] != row["n"] or row["value"] is None:
+            continue
+        accuracy = by_eval.get((row["step"], row["benchmark"], row["scorer"], *(row[n] for n in PROTOCOL)))
+        if accuracy is None or len(accuracy) < 2:
+            continue
+        interval = stats.score(stats.Runs({"b": np.array([accuracy])}), "b")
+        out += [{**row, "metric": f"{row['metric']}/ci_{side}", "value": value}
+                for side, value in (("low", interval.low), ("high", interval.high))]  # fmt: skip
+    return out
 
 
 def eval_summary(rows: Iterable[Mapping[str, Any]]) -> dict[str, float]:
@@ -143,6 +167,7 @@ def export(
                 run.spec, run.id, run.name, run.sweep, run.run_dir, settings(to, run, options), axes.get(run.id, [])
             )
             metrics, evals = store.run_history(run.id)
+            evals = with_intervals(evals, store.problem_scores([run.id]))
             result = _export_run(to, info, history(metrics, evals), eval_summary(evals), options)
             done.append(result)
             if on_run is not None:
