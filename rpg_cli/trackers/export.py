@@ -2,8 +2,9 @@
 runs that were not tracked live (a cluster without internet access, a tracker added afterwards).
 
 Per run: every metric at its step under metrics.jsonl's (verl's) names, the evals at their checkpoint
-steps (`eval_metrics`; with their problem-sampling intervals, `with_intervals`), the spec as config, and the group and tags a live run gets (the sweep's varying
-fields are computed over the sweep's runs in the store). Settings: the options given, else the run's
+steps (`eval_metrics`, with their problem-sampling intervals: `with_intervals`), the spec as config, and
+the group and tags a live run gets (the sweep's varying fields are computed over the sweep's runs in the
+store). Settings: the options given, else the run's
 own `trackers` block, else the defaults of a live run (rpg_cli.trackers.resolve).
 
 Exporting twice creates no duplicates: W&B resumes the run's id (`rpg-<run id>`) and logs only steps
