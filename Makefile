@@ -11,8 +11,9 @@ PIP    := $(PY) -m pip
 # The torch build installed before the package when no GPU is present (CPU wheel of that release).
 TORCH_CPU ?= torch==2.13.0
 STAMP  := $(VENV)/.installed
-# the trackers (W&B, TensorBoard, MLflow) add ~15 s to an install that has verl: in, so their tests run in CI
-EXTRAS ?= dev,verl,trackers
+# the trackers (W&B, TensorBoard, MLflow) add ~15 s to an install that has verl: in, so their tests run in CI;
+# the PostgreSQL driver (a few seconds) likewise, for the store's tests against a real server
+EXTRAS ?= dev,verl,trackers,postgres
 
 .PHONY: install test demo bench lint clean
 

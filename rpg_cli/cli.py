@@ -11,6 +11,8 @@ import inspect
 
 import typer
 
+from rpg_cli.store.url import DB_ENVVAR
+
 app = typer.Typer(
     name="rpg",
     help=(
@@ -54,7 +56,7 @@ def _command(name: str | None = None):
     return register
 
 
-_DB_HELP = "Results store: a SQLAlchemy URL or a SQLite file path (default sqlite:///runs/results.db)."
+_DB_HELP = "Results store: a SQLAlchemy URL or a SQLite file path; default: $RPG_DB, else sqlite:///runs/results.db."
 _ADDRESS_HELP = (
     "Ray cluster (dashboard URL or head address); default: $RAY_ADDRESS, else the local head under --runs-dir."
 )
@@ -245,9 +247,7 @@ def sweep(
         metavar="table|json",
         help="Plan output: a table, or JSON (id, name, spec, state, entrypoint).",
     ),
-    db: str = typer.Option(
-        "sqlite:///runs/results.db", "--db", metavar="URL", help="Results store (any SQLAlchemy URL)."
-    ),
+    db: str = typer.Option(None, "--db", metavar="URL", envvar=DB_ENVVAR, show_envvar=False, help=_DB_HELP),
     runs_dir: str = typer.Option(
         "runs", "--runs-dir", metavar="PATH", help="Root of the run directories: PATH/<sweep>/<run>/."
     ),
@@ -295,6 +295,9 @@ def sweep(
 
     from rpg_cli.orchestration.plan import known_states, plan_sweep
     from rpg_cli.spec import SpecError, load_sweep
+    from rpg_cli.store.url import DEFAULT_DB_URL
+
+    db = db or DEFAULT_DB_URL
 
     try:
         plans = plan_sweep(load_sweep(spec), Path(runs_dir), backend=backend)
@@ -421,7 +424,7 @@ def evaluate(
     data_dir: str = typer.Option(
         "data", "--data-dir", metavar="DIR", help="Where `rpg prepare-data` wrote the benchmark files."
     ),
-    db: str = typer.Option(None, "--db", metavar="URL", help=_DB_HELP),
+    db: str = typer.Option(None, "--db", metavar="URL", envvar=DB_ENVVAR, show_envvar=False, help=_DB_HELP),
     address: str = typer.Option(
         None,
         "--address",
@@ -606,7 +609,7 @@ def report(
         help="--plot panels: reward, entropy, response_length, kl, reference_kl, reference_age, val (one per benchmark), or any logged key. Default: those of these that were logged.",
     ),
     smooth: int = typer.Option(1, "--smooth", min=1, metavar="N", help="--plot: moving average over N logged steps."),
-    db: str = typer.Option(None, "--db", metavar="URL", help=_DB_HELP),
+    db: str = typer.Option(None, "--db", metavar="URL", envvar=DB_ENVVAR, show_envvar=False, help=_DB_HELP),
     address: str = typer.Option(None, "--address", metavar="ADDRESS", help=_ADDRESS_HELP),
     runs_dir: str = typer.Option("runs", "--runs-dir", metavar="PATH", help=_RUNS_DIR_HELP),
 ) -> None:
@@ -705,7 +708,7 @@ def compare(
     output_format: str = typer.Option(
         "text", "--format", metavar="text|json", help="Lines for a terminal, or everything as JSON."
     ),
-    db: str = typer.Option(None, "--db", metavar="URL", help=_DB_HELP),
+    db: str = typer.Option(None, "--db", metavar="URL", envvar=DB_ENVVAR, show_envvar=False, help=_DB_HELP),
 ) -> None:
     """Say whether B beats A: the paired difference B - A per benchmark and overall, with its 95% interval.
 
@@ -870,7 +873,7 @@ def runs_command(
     wide: bool = typer.Option(
         False, "--wide", metavar="", help="Show each failure reason whole instead of its first 60 characters."
     ),
-    db: str = typer.Option(None, "--db", metavar="URL", help=_DB_HELP),
+    db: str = typer.Option(None, "--db", metavar="URL", envvar=DB_ENVVAR, show_envvar=False, help=_DB_HELP),
     address: str = typer.Option(None, "--address", metavar="ADDRESS", help=_ADDRESS_HELP),
     runs_dir: str = typer.Option("runs", "--runs-dir", metavar="PATH", help=_RUNS_DIR_HELP),
 ) -> None:
@@ -964,7 +967,7 @@ def runs_command(
 def logs_command(
     run: str = typer.Argument(..., metavar="RUN", help="Run id, id prefix or name."),
     follow: bool = typer.Option(False, "--follow", "-f", metavar="", help="Keep printing output until the job ends."),
-    db: str = typer.Option(None, "--db", metavar="URL", help=_DB_HELP),
+    db: str = typer.Option(None, "--db", metavar="URL", envvar=DB_ENVVAR, show_envvar=False, help=_DB_HELP),
     address: str = typer.Option(None, "--address", metavar="ADDRESS", help=_ADDRESS_HELP),
     runs_dir: str = typer.Option("runs", "--runs-dir", metavar="PATH", help=_RUNS_DIR_HELP),
 ) -> None:
@@ -1001,7 +1004,7 @@ def cancel_command(
     ref: str = typer.Argument(
         ..., metavar="RUN|SWEEP", help="A run id, id prefix or name, or a sweep name (all its runs)."
     ),
-    db: str = typer.Option(None, "--db", metavar="URL", help=_DB_HELP),
+    db: str = typer.Option(None, "--db", metavar="URL", envvar=DB_ENVVAR, show_envvar=False, help=_DB_HELP),
     address: str = typer.Option(None, "--address", metavar="ADDRESS", help=_ADDRESS_HELP),
     runs_dir: str = typer.Option("runs", "--runs-dir", metavar="PATH", help=_RUNS_DIR_HELP),
 ) -> None:
@@ -1032,7 +1035,7 @@ def cancel_command(
 @_command("stop")
 def stop_command(
     runs_dir: str = typer.Option("runs", "--runs-dir", metavar="PATH", help=_RUNS_DIR_HELP),
-    db: str = typer.Option(None, "--db", metavar="URL", help=_DB_HELP),
+    db: str = typer.Option(None, "--db", metavar="URL", envvar=DB_ENVVAR, show_envvar=False, help=_DB_HELP),
     force: bool = typer.Option(
         False, "--force", metavar="", help="Stop it even while jobs run on it (they die with it)."
     ),
@@ -1155,7 +1158,7 @@ def export_command(
     sweep_name: str = typer.Option(
         None, "--sweep", metavar="NAME", help="Only this sweep's runs (default: every run in the store)."
     ),
-    db: str = typer.Option(None, "--db", metavar="URL", help=_DB_HELP),
+    db: str = typer.Option(None, "--db", metavar="URL", envvar=DB_ENVVAR, show_envvar=False, help=_DB_HELP),
     project: str = typer.Option(
         None, "--project", help="W&B project / MLflow experiment (default: the run's trackers.project, else rpg)."
     ),

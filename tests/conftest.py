@@ -1,5 +1,6 @@
-"""Fixtures shared by the store's tests: a real PostgreSQL server of the test session's own, and a
-database URL for each dialect the store supports (SQLite file, PostgreSQL database)."""
+"""Fixtures shared by the tests: none of them sees the caller's cluster or team database; the store's
+tests get a real PostgreSQL server of the test session's own, and a database URL for each dialect the
+store supports (SQLite file, PostgreSQL database)."""
 
 from __future__ import annotations
 
@@ -15,6 +16,15 @@ import uuid
 from pathlib import Path
 
 import pytest
+
+from rpg_cli.store.url import DB_ENVVAR
+
+
+@pytest.fixture(autouse=True)
+def _no_ambient_cluster_or_database(monkeypatch):
+    """A researcher's exported RAY_ADDRESS or RPG_DB must not send a test's runs or rows elsewhere."""
+    monkeypatch.delenv("RAY_ADDRESS", raising=False)
+    monkeypatch.delenv(DB_ENVVAR, raising=False)
 
 
 def _postgres_bin() -> Path | None:

@@ -165,3 +165,14 @@ def test_a_read_only_database_is_read_and_left_as_it_is(tmp_path):
         finally:
             reader.close()
     assert files_in(home) == before
+
+
+def test_rpg_db_names_the_store_where_db_is_not_given_and_db_wins_over_it(tmp_path, monkeypatch):
+    empty, other = tmp_path / "empty.db", tmp_path / "missing.db"
+    empty.write_bytes(b"")
+    monkeypatch.setenv("RPG_DB", f"sqlite:///{empty}")
+    for args in READERS:
+        one_line_failure(list(args), "empty.db is empty")
+    flag = CliRunner().invoke(app, ["runs", "--db", str(other)])  # the flag, not the environment
+    assert flag.exit_code == 0 and "no runs recorded" in flag.output and "missing.db" in flag.output, flag.output
+    assert files_in(tmp_path) == {"empty.db": b""}

@@ -7,6 +7,8 @@ from __future__ import annotations
 import re
 
 DEFAULT_DB_URL = "sqlite:///runs/results.db"
+# where `--db` is read from when not given: a team's PostgreSQL URL (and its password) set once, out of `ps`
+DB_ENVVAR = "RPG_DB"
 SQLITE_BUSY_TIMEOUT_S = 60.0
 
 
