@@ -49,19 +49,51 @@ def fill(db: str, root: Path, n_seeds: int, n_problems: int) -> None:
                 "context": "4k",
                 "model": "Qwen/Qwen3-4B",
             }
-            store.record_plan(RunPlan(id=run_id, name=run_id, sweep="bench", backend="local", spec=spec,
-                                      run_dir=root / run_id, entrypoint=["true"]))  # fmt: skip
+            store.record_plan(
+                RunPlan(
+                    id=run_id,
+                    name=run_id,
+                    sweep="bench",
+                    backend="local",
+                    spec=spec,
+                    run_dir=root / run_id,
+                    entrypoint=["true"],
+                )
+            )
             for bench in BENCHMARKS:
                 correct = rng.binomial(n, np.clip(rates[bench] + shift, 0, 1))
                 store.record_samples(
-                    {"run_id": run_id, "step": 400, "benchmark": bench, "problem": f"{bench}-{p}", "sample_index": j,
-                     "scorer": "dapo", **PROTOCOL, "position": p, "extracted": "1", "correct": bool(j < c),
-                     "response_length": 100}
-                    for p, c in enumerate(correct) for j in range(n)
-                )  # fmt: skip
-                store.record_evals([{"run_id": run_id, "step": 400, "benchmark": bench, "metric": "mean@k", "k": n,
-                                     "value": float(correct.mean() / n), "scorer": "dapo", "scorer_version": "1",
-                                     **PROTOCOL}])  # fmt: skip
+                    {
+                        "run_id": run_id,
+                        "step": 400,
+                        "benchmark": bench,
+                        "problem": f"{bench}-{p}",
+                        "sample_index": j,
+                        "scorer": "dapo",
+                        **PROTOCOL,
+                        "position": p,
+                        "extracted": "1",
+                        "correct": bool(j < c),
+                        "response_length": 100,
+                    }
+                    for p, c in enumerate(correct)
+                    for j in range(n)
+                )
+                store.record_evals(
+                    [
+                        {
+                            "run_id": run_id,
+                            "step": 400,
+                            "benchmark": bench,
+                            "metric": "mean@k",
+                            "k": n,
+                            "value": float(correct.mean() / n),
+                            "scorer": "dapo",
+                            "scorer_version": "1",
+                            **PROTOCOL,
+                        }
+                    ]
+                )
     store.close()
 
 
@@ -86,8 +118,10 @@ def main() -> int:
             print(output)
             return 1
     print(output, end="")
-    print(f"rpg compare, {args.seeds} seeds x 2 methods, 3 benchmarks x {args.problems} problems x 32 samples: "
-          f"{best:.3f} s (target {TARGET_S:.1f} s, ratio {best / TARGET_S:.2f})")  # fmt: skip
+    print(
+        f"rpg compare, {args.seeds} seeds x 2 methods, 3 benchmarks x {args.problems} problems x 32 samples: "
+        f"{best:.3f} s (target {TARGET_S:.1f} s, ratio {best / TARGET_S:.2f})"
+    )
     return 0 if best < TARGET_S else 1
 
 

@@ -25,8 +25,13 @@ from rpg_cli.orchestration.plan import RunPlan
 from rpg_cli.store import open_store
 
 TARGET_S = 1.0
-METHODS = [("grpo", "none"), ("dapo", "none"), ("reinforce_pp", "none"), ("reinforce_pp_baseline", "none"),
-           *[(alg, kl) for alg in ("rpg", "rpg_reinforce") for kl in ("fkl", "rkl", "ufkl", "urkl")]]  # fmt: skip
+METHODS = [
+    ("grpo", "none"),
+    ("dapo", "none"),
+    ("reinforce_pp", "none"),
+    ("reinforce_pp_baseline", "none"),
+    *[(alg, kl) for alg in ("rpg", "rpg_reinforce") for kl in ("fkl", "rkl", "ufkl", "urkl")],
+]
 SOURCES = ("math_dapo", "aime2025", "amc_23")
 VAL_KEYS = [f"val-core/{s}/acc/{m}" for s in SOURCES for m in ("mean@32", "maj@32/mean", "best@32/mean", "std@32")]
 
@@ -34,8 +39,16 @@ VAL_KEYS = [f"val-core/{s}/acc/{m}" for s in SOURCES for m in ("mean@32", "maj@3
 def run_spec(i: int) -> dict:
     alg, kl = METHODS[i % len(METHODS)]
     optimizer = ("adamw", "schedule_free")[i // len(METHODS) % 2]
-    return {"algorithm": alg, "kl": kl, "optimizer": optimizer, "context": "2k", "model": "Qwen/Qwen2.5-7B-Instruct",
-            "seed": i // (2 * len(METHODS)), "clip": {"eps_low": 0.2, "eps_high": 0.28, "c": 10.0}, "beta": 1e-4}  # fmt: skip
+    return {
+        "algorithm": alg,
+        "kl": kl,
+        "optimizer": optimizer,
+        "context": "2k",
+        "model": "Qwen/Qwen2.5-7B-Instruct",
+        "seed": i // (2 * len(METHODS)),
+        "clip": {"eps_low": 0.2, "eps_high": 0.28, "c": 10.0},
+        "beta": 1e-4,
+    }
 
 
 def timed(fn, repeat: int = 3) -> tuple[float, object]:
@@ -68,8 +81,20 @@ def main() -> int:
         db = Path(tmp) / "results.db"
         store = open_store(f"sqlite:///{db}")
         ids = [f"run{i:04d}" for i in range(args.runs)]
-        store.record_plans([RunPlan(id=run_id, name=f"bench-{run_id}", sweep="bench", backend="verl", spec=run_spec(i),
-                                    run_dir=Path(tmp) / run_id, entrypoint=["true"]) for i, run_id in enumerate(ids)])  # fmt: skip
+        store.record_plans(
+            [
+                RunPlan(
+                    id=run_id,
+                    name=f"bench-{run_id}",
+                    sweep="bench",
+                    backend="verl",
+                    spec=run_spec(i),
+                    run_dir=Path(tmp) / run_id,
+                    entrypoint=["true"],
+                )
+                for i, run_id in enumerate(ids)
+            ]
+        )
         start = time.perf_counter()
         con = sqlite3.connect(db)
         with con:  # one transaction, rows in primary-key order
@@ -98,7 +123,7 @@ def main() -> int:
                 "top_p": 0.7,
                 "max_tokens": 4096,
                 "seed": 0,
-            }  # fmt: skip
+            }
             for r in ids
             for s in range(5, args.steps + 1, 5)
             for b in ("aime24", "aime25", "amc23")

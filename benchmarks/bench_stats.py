@@ -71,12 +71,18 @@ def main() -> int:
 
     rng = np.random.default_rng(0)
     seeds_per_method = [args.runs // N_METHODS + (i < args.runs % N_METHODS) for i in range(N_METHODS)]
-    steps = {which: [method_runs(rng, n, args.problems, skill=i / 4) for i, n in enumerate(seeds_per_method)]
-             for which in ("last", "best")}  # fmt: skip
+    steps = {
+        which: [method_runs(rng, n, args.problems, skill=i / 4) for i, n in enumerate(seeds_per_method)]
+        for which in ("last", "best")
+    }
 
     def table() -> list[str]:
-        return [cell.pm() for methods in steps.values() for runs in methods
-                for cell in stats.scores(runs, n_resamples=args.resamples).values()]  # fmt: skip
+        return [
+            cell.pm()
+            for methods in steps.values()
+            for runs in methods
+            for cell in stats.scores(runs, n_resamples=args.resamples).values()
+        ]
 
     a, b = steps["last"][0], steps["last"][5]
 
@@ -88,8 +94,10 @@ def main() -> int:
 
     table_cpu, table_wall, cells = timed(table)
     compare_cpu, compare_wall, lines = timed(compare)
-    print(f"{args.runs} runs ({N_METHODS} methods), {len(BENCHMARKS)} benchmarks x {args.problems} problems, "
-          f"{args.resamples:,} resamples per interval; one core")  # fmt: skip
+    print(
+        f"{args.runs} runs ({N_METHODS} methods), {len(BENCHMARKS)} benchmarks x {args.problems} problems, "
+        f"{args.resamples:,} resamples per interval; one core"
+    )
     print(f"{'measure':<52}{'cpu s':>8}{'wall s':>8}{'target':>8}{'ratio':>7}  verdict")
     results = [
         (f"table: {len(cells)} cells (Last and Best, 3 + overall)", table_cpu, table_wall, TABLE_TARGET_S),

@@ -494,8 +494,14 @@ def evaluate(
     from rpg_cli.store import DEFAULT_DB_URL, StoreError
 
     console = _console()
-    progress = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TextColumn("samples"),
-                        TimeElapsedColumn(), console=console)  # fmt: skip
+    progress = Progress(
+        TextColumn("{task.description}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TextColumn("samples"),
+        TimeElapsedColumn(),
+        console=console,
+    )
     task = progress.add_task("eval", total=None)
 
     def planned(plan) -> None:
@@ -505,11 +511,29 @@ def evaluate(
         progress.start()
 
     try:
-        options = EvalOptions(ref=ref, benchmarks=tuple(b.strip() for b in benchmarks.split(",") if b.strip()), k=k,
-                              steps=steps, scorer=scorer, data_dir=data_dir, db=db or DEFAULT_DB_URL, runs_dir=runs_dir,
-                              engine=engine, temperature=temperature, top_p=top_p, max_tokens=max_tokens, seed=seed)  # fmt: skip
-        results = run_evaluation(options, local=local, address=address, gpus=gpus, on_plan=planned,
-                                 on_progress=lambda done, label: progress.update(task, completed=done, description=label))  # fmt: skip
+        options = EvalOptions(
+            ref=ref,
+            benchmarks=tuple(b.strip() for b in benchmarks.split(",") if b.strip()),
+            k=k,
+            steps=steps,
+            scorer=scorer,
+            data_dir=data_dir,
+            db=db or DEFAULT_DB_URL,
+            runs_dir=runs_dir,
+            engine=engine,
+            temperature=temperature,
+            top_p=top_p,
+            max_tokens=max_tokens,
+            seed=seed,
+        )
+        results = run_evaluation(
+            options,
+            local=local,
+            address=address,
+            gpus=gpus,
+            on_plan=planned,
+            on_progress=lambda done, label: progress.update(task, completed=done, description=label),
+        )
     except (EvalError, StoreError, ClusterError) as e:
         _fail("eval", e)
     except JobFailed as e:
@@ -738,8 +762,9 @@ def compare(
     wanted = [x.strip() for x in benchmarks.split(",") if x.strip()] if benchmarks else None
     with _open_store("compare", db) as store:
         try:
-            result = rp.compare_groups(store, a, b, sweep_name, where or (), metric, scorer,
-                                       None if step == "last" else int(step), wanted)  # fmt: skip
+            result = rp.compare_groups(
+                store, a, b, sweep_name, where or (), metric, scorer, None if step == "last" else int(step), wanted
+            )
         except (rp.ReportError, StoreError, StatsError) as e:
             _fail("compare", e)
     if output_format == "json":
@@ -847,8 +872,10 @@ def _reconcile(command: str, store, runs: list, address: str | None, runs_dir: s
 
     result = reconcile(store, runs, address=address, runs_dir=Path(runs_dir))
     if result.unconfirmed and not quiet:
-        _warn(command, f"{len(result.unconfirmed)} live run(s) shown as last recorded, possibly stale "
-                       f"(marked ?): {result.why}")  # fmt: skip
+        _warn(
+            command,
+            f"{len(result.unconfirmed)} live run(s) shown as last recorded, possibly stale (marked ?): {result.why}",
+        )
     return result.unconfirmed
 
 
@@ -949,18 +976,28 @@ def runs_command(
         error = _error_line(r["error"], width=None if wide else 60)
         cut += error.endswith("…")
         table.add_row(
-            r["sweep"], r["name"], r["id"], "-" if r["seed"] is None else str(r["seed"]),
+            r["sweep"],
+            r["name"],
+            r["id"],
+            "-" if r["seed"] is None else str(r["seed"]),
             _status_text(r["status"]) + ("?" if r["id"] in stale else ""),
-            str(r["attempts"]), "-" if r["step"] is None else str(r["step"]),
+            str(r["attempts"]),
+            "-" if r["step"] is None else str(r["step"]),
             "-" if r["reward"] is None else f"{r['reward']:.4f}",
             "-" if r["val"] is None else f"{r['val']:.4f}",
-            wall_text(r["wall_s"]), (r["started"] or "-")[:16], error.replace("[", r"\["),
-        )  # fmt: skip
+            wall_text(r["wall_s"]),
+            (r["started"] or "-")[:16],
+            error.replace("[", r"\["),
+        )
     console = _console()
     console.print(table)
     counts = {s: sum(r["status"] == s for r in rows) for s in STATUSES}
-    console.print(f"{len(rows)} runs: " + ", ".join(f"{n} {s}" for s, n in counts.items() if n)
-                  + (f" ({cut} failure reason(s) cut short: --wide shows them whole)" if cut else ""), highlight=False)  # fmt: skip
+    console.print(
+        f"{len(rows)} runs: "
+        + ", ".join(f"{n} {s}" for s, n in counts.items() if n)
+        + (f" ({cut} failure reason(s) cut short: --wide shows them whole)" if cut else ""),
+        highlight=False,
+    )
 
 
 @_command("logs")
@@ -1024,8 +1061,11 @@ def cancel_command(
     except (ClusterError, StoreError) as e:
         _fail("cancel", e)
     if done.finished:
-        typer.echo(f"{len(done.finished)} run(s) had already ended: " + ", ".join(r.name for r in done.finished)
-                   + " (`rpg runs` shows how)")  # fmt: skip
+        typer.echo(
+            f"{len(done.finished)} run(s) had already ended: "
+            + ", ".join(r.name for r in done.finished)
+            + " (`rpg runs` shows how)"
+        )
     if done.stopped:
         typer.echo(f"stopped {len(done.stopped)} run(s): " + ", ".join(r.name for r in done.stopped))
     elif not done.finished:
@@ -1063,8 +1103,10 @@ def stop_command(
 
 def _progress_caption(snapshot) -> str:
     counts = snapshot.counts
-    return (f"pending {counts['pending'] + counts['submitted']} · running {counts['running']} · "
-            f"succeeded {counts['succeeded']} · failed {counts['failed']} · stopped {counts['stopped']}")  # fmt: skip
+    return (
+        f"pending {counts['pending'] + counts['submitted']} · running {counts['running']} · "
+        f"succeeded {counts['succeeded']} · failed {counts['failed']} · stopped {counts['stopped']}"
+    )
 
 
 def _progress_table(snapshot):
@@ -1076,8 +1118,15 @@ def _progress_table(snapshot):
             column, justify="right" if column in ("attempt", "step", "reward") else "left", no_wrap=column != "error"
         )
     for r in snapshot.runs:
-        table.add_row(r.name, r.id, _status_text(r.status), str(r.attempts), "-" if r.step is None else str(r.step),
-                      "-" if r.reward is None else f"{r.reward:.4f}", _error_line(r.error, 50))  # fmt: skip
+        table.add_row(
+            r.name,
+            r.id,
+            _status_text(r.status),
+            str(r.attempts),
+            "-" if r.step is None else str(r.step),
+            "-" if r.reward is None else f"{r.reward:.4f}",
+            _error_line(r.error, 50),
+        )
     return table
 
 
@@ -1133,11 +1182,22 @@ def _watch_sweep(
     try:
         if live is not None:
             live.start()
-        final = run_sweep(plans, sweep_name, db, address=address, detach=detach, retry_failed=retry_failed,
-                          on_update=show, runs_dir=Path(runs_dir))  # fmt: skip
+        final = run_sweep(
+            plans,
+            sweep_name,
+            db,
+            address=address,
+            detach=detach,
+            retry_failed=retry_failed,
+            on_update=show,
+            runs_dir=Path(runs_dir),
+        )
     except KeyboardInterrupt:
-        typer.echo(f"rpg sweep: stopped following {sweep_name}; its jobs keep running. Run the same command to "
-                   f"re-attach, `rpg runs --sweep {sweep_name}` to look, `rpg cancel {sweep_name}` to stop them.", err=True)  # fmt: skip
+        typer.echo(
+            f"rpg sweep: stopped following {sweep_name}; its jobs keep running. Run the same command to "
+            f"re-attach, `rpg runs --sweep {sweep_name}` to look, `rpg cancel {sweep_name}` to stop them.",
+            err=True,
+        )
         raise typer.Exit(130) from None
     except (ClusterError, StoreError, PreflightError) as e:
         _fail("sweep", e)

@@ -69,8 +69,13 @@ def check_data_file(key: str, name: str) -> list[Finding]:
     path = Path(name).expanduser()
     if not path.is_file():
         how = "rpg prepare-data --toy" if "toy" in name else "rpg prepare-data"
-        return [Finding(key, f"{name} does not exist (relative paths are taken from {Path.cwd()}); write it with "
-                             f"`{how}`", error=True)]  # fmt: skip
+        return [
+            Finding(
+                key,
+                f"{name} does not exist (relative paths are taken from {Path.cwd()}); write it with `{how}`",
+                error=True,
+            )
+        ]
     try:
         columns, rows = _parquet_schema(str(path.resolve()), *_stamp(path))
     except (OSError, ValueError) as exc:
@@ -79,8 +84,13 @@ def check_data_file(key: str, name: str) -> list[Finding]:
         ]
     missing = [c for c in REQUIRED_COLUMNS if c not in columns]
     if missing:
-        return [Finding(key, f"{name} lacks the column(s) verl needs: {', '.join(missing)}; write it with "
-                             "`rpg prepare-data`", error=True)]  # fmt: skip
+        return [
+            Finding(
+                key,
+                f"{name} lacks the column(s) verl needs: {', '.join(missing)}; write it with `rpg prepare-data`",
+                error=True,
+            )
+        ]
     if rows == 0:
         return [Finding(key, f"{name} has no rows; write it with `rpg prepare-data`", error=True)]
     return []
@@ -134,18 +144,29 @@ def resolve_model(model: str) -> tuple[Path | None, Finding | None]:
     path = Path(model).expanduser()
     if path.is_dir():
         if not (path / "config.json").is_file():
-            return None, Finding("model", f"{model} has no config.json; point it at an HF causal-LM directory "
-                                          "(rpg prepare-data --toy writes data/toy/model)", error=True)  # fmt: skip
+            return None, Finding(
+                "model",
+                f"{model} has no config.json; point it at an HF causal-LM directory "
+                "(rpg prepare-data --toy writes data/toy/model)",
+                error=True,
+            )
         return path, None
     if model.count("/") == 1 and not model.startswith((".", "/", "~")):
         snapshot = cached_snapshot(model)
         if snapshot is not None and (snapshot / "config.json").is_file():
             return snapshot, None
-        return None, Finding("model", f"could not check {model}: it is not in the local Hugging Face cache "
-                                      f"({hub_cache()}), and nothing is downloaded here (the job downloads it)",
-                             error=False)  # fmt: skip
-    return None, Finding("model", f"{model} does not exist; point it at an HF causal-LM directory or a hub id "
-                                  "(rpg prepare-data --toy writes data/toy/model)", error=True)  # fmt: skip
+        return None, Finding(
+            "model",
+            f"could not check {model}: it is not in the local Hugging Face cache "
+            f"({hub_cache()}), and nothing is downloaded here (the job downloads it)",
+            error=False,
+        )
+    return None, Finding(
+        "model",
+        f"{model} does not exist; point it at an HF causal-LM directory or a hub id "
+        "(rpg prepare-data --toy writes data/toy/model)",
+        error=True,
+    )
 
 
 def hub_cache() -> Path:
@@ -212,17 +233,33 @@ def _check_prompt_lengths(
             continue
         kept = [n for n in lengths if n <= max_prompt_length]
         if lengths and not kept:
-            findings.append(Finding(key, f"{name}: no prompt fits in the context's {max_prompt_length} prompt tokens "
-                                         f"(the shortest has {min(lengths)}); use a longer context or shorter prompts",
-                                    error=True))  # fmt: skip
+            findings.append(
+                Finding(
+                    key,
+                    f"{name}: no prompt fits in the context's {max_prompt_length} prompt tokens "
+                    f"(the shortest has {min(lengths)}); use a longer context or shorter prompts",
+                    error=True,
+                )
+            )
         elif positions is not None and kept and max(kept) >= positions:
-            findings.append(Finding(key, f"{name}: the longest prompt is {max(kept)} tokens but {model} has {positions} "
-                                         "positions (max_position_embeddings), which must hold a prompt and its "
-                                         "response; use shorter prompts or a model with more positions", error=True))  # fmt: skip
+            findings.append(
+                Finding(
+                    key,
+                    f"{name}: the longest prompt is {max(kept)} tokens but {model} has {positions} "
+                    "positions (max_position_embeddings), which must hold a prompt and its "
+                    "response; use shorter prompts or a model with more positions",
+                    error=True,
+                )
+            )
         elif len(kept) < len(lengths):
-            findings.append(Finding(key, f"{name}: {len(lengths) - len(kept)} of {len(lengths)} prompts are longer than "
-                                         f"{max_prompt_length} tokens and are left out (verl's filter_overlong_prompts)",
-                                    error=False))  # fmt: skip
+            findings.append(
+                Finding(
+                    key,
+                    f"{name}: {len(lengths) - len(kept)} of {len(lengths)} prompts are longer than "
+                    f"{max_prompt_length} tokens and are left out (verl's filter_overlong_prompts)",
+                    error=False,
+                )
+            )
     return tuple(findings)
 
 

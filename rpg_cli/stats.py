@@ -204,8 +204,15 @@ class Interval:
         return f"[{_fmt(self.low, scale, digits)}, {_fmt(self.high, scale, digits)}]"
 
     def as_dict(self) -> dict[str, Any]:
-        return {"estimate": self.estimate, "low": self.low, "high": self.high, "n_seeds": self.n_seeds,
-                "n_problems": self.n_problems, "resampled": self.resampled, "confidence": self.confidence}  # fmt: skip
+        return {
+            "estimate": self.estimate,
+            "low": self.low,
+            "high": self.high,
+            "n_seeds": self.n_seeds,
+            "n_problems": self.n_problems,
+            "resampled": self.resampled,
+            "confidence": self.confidence,
+        }
 
 
 @dataclass(frozen=True)
@@ -237,14 +244,21 @@ class Comparison:
         prob = f"{p.estimate:.2f}" + (
             f" [{p.low:.2f}, {p.high:.2f}]" if p.low is not None and p.high is not None else ""
         )
-        return (f"{self.benchmark}: {b} - {a} = {diff}; P({b} > {a}) = {prob}; "
-                f"seeds for {POWER:.0%} power: {self.seeds_needed.text()}; {verdict}")  # fmt: skip
+        return (
+            f"{self.benchmark}: {b} - {a} = {diff}; P({b} > {a}) = {prob}; "
+            f"seeds for {POWER:.0%} power: {self.seeds_needed.text()}; {verdict}"
+        )
 
     def as_dict(self) -> dict[str, Any]:
-        return {"benchmark": self.benchmark, "difference": self.difference.as_dict(),
-                "p_improvement": self.p_improvement.as_dict(), "seeds_needed": self.seeds_needed.n,
-                "seeds_needed_reason": self.seeds_needed.reason, "verdict": self.verdict,
-                "seeds_paired": self.seeds_paired}  # fmt: skip
+        return {
+            "benchmark": self.benchmark,
+            "difference": self.difference.as_dict(),
+            "p_improvement": self.p_improvement.as_dict(),
+            "seeds_needed": self.seeds_needed.n,
+            "seeds_needed_reason": self.seeds_needed.reason,
+            "verdict": self.verdict,
+            "seeds_paired": self.seeds_paired,
+        }
 
 
 @dataclass(frozen=True, eq=False)
@@ -264,8 +278,10 @@ class Band:
         def num(x: float) -> float | None:
             return None if math.isnan(x) else float(x)
 
-        return [{"step": s.item(), "mean": float(m), "low": num(lo), "high": num(hi), "n_seeds": int(n)}
-                for s, m, lo, hi, n in zip(self.steps, self.mean, self.low, self.high, self.n_seeds)]  # fmt: skip
+        return [
+            {"step": s.item(), "mean": float(m), "low": num(lo), "high": num(hi), "n_seeds": int(n)}
+            for s, m, lo, hi, n in zip(self.steps, self.mean, self.low, self.high, self.n_seeds)
+        ]
 
 
 # ------------------------------------------------------------------------------ Student's t quantile
@@ -285,8 +301,10 @@ def _betainc(a: float, b: float, x: float) -> float:
     d = 1.0 / (d if abs(d) > tiny else tiny)
     h = d
     for m in range(1, 500):
-        for num in (m * (b - m) * x / ((a + 2 * m - 1) * (a + 2 * m)),
-                    -(a + m) * (a + b + m) * x / ((a + 2 * m) * (a + 2 * m + 1))):  # fmt: skip
+        for num in (
+            m * (b - m) * x / ((a + 2 * m - 1) * (a + 2 * m)),
+            -(a + m) * (a + b + m) * x / ((a + 2 * m) * (a + 2 * m + 1)),
+        ):
             d = 1.0 + num * d
             d = 1.0 / (d if abs(d) > tiny else tiny)
             c = 1.0 + num / c
@@ -410,8 +428,11 @@ def _decompose(terms: Sequence[_Term], weights: Mapping[str, float]) -> _Varianc
 
     v_seed = {k: (float(r @ r) / (len(r) * (len(r) - 1)), len(r) - 1) for k, r in rows.items() if len(r) > 1}
     v_prob = {k: (float(c @ c) / (len(c) * (len(c) - 1)), len(c) - 1) for k, c in cols.items() if len(c) > 1}
-    v_int = {k: (float((e * e).sum()) / ((e.shape[0] - 1) * (e.shape[1] - 1) * e.size), (e.shape[0] - 1) * (e.shape[1] - 1))
-             for k, e in cells.items() if min(e.shape) > 1}  # fmt: skip
+    v_int = {
+        k: (float((e * e).sum()) / ((e.shape[0] - 1) * (e.shape[1] - 1) * e.size), (e.shape[0] - 1) * (e.shape[1] - 1))
+        for k, e in cells.items()
+        if min(e.shape) > 1
+    }
     int_by_seed: dict[str, float] = {}
     int_by_prob: dict[tuple[str, str], float] = {}
     for (seed_key, prob_key, bench), (v, _) in v_int.items():
@@ -426,11 +447,14 @@ def _decompose(terms: Sequence[_Term], weights: Mapping[str, float]) -> _Varianc
     denominator = sum(v * v / df for part in (v_seed, v_prob, v_int) for v, df in part.values())
     df = unbiased**2 / denominator if denominator > 0 else math.inf
     return _Variance(
-        boot=boot, unbiased=unbiased, df=max(df, 1.0),
-        per_seed=sum(len(rows[k]) * v for k, v in seed_part.items()), problems=prob_part,
+        boot=boot,
+        unbiased=unbiased,
+        df=max(df, 1.0),
+        per_seed=sum(len(rows[k]) * v for k, v in seed_part.items()),
+        problems=prob_part,
         problems_df=prob_part**2 / prob_denominator if prob_denominator > 0 else math.inf,
         seeds_estimable=all(len(r) > 1 for r in rows.values()),
-    )  # fmt: skip
+    )
 
 
 def _replicates(terms: Sequence[_Term], n_resamples: int, rng_seed: int) -> dict[str, np.ndarray]:
@@ -450,9 +474,16 @@ def _replicates(terms: Sequence[_Term], n_resamples: int, rng_seed: int) -> dict
     return out
 
 
-def _interval(terms: Sequence[_Term], weights: Mapping[str, float], replicates: Callable[[], Mapping[str, np.ndarray]],
-              confidence: float, bounds: tuple[float, float], n_seeds: int, n_problems: int | None,
-              resampled: str) -> Interval:  # fmt: skip
+def _interval(
+    terms: Sequence[_Term],
+    weights: Mapping[str, float],
+    replicates: Callable[[], Mapping[str, np.ndarray]],
+    confidence: float,
+    bounds: tuple[float, float],
+    n_seeds: int,
+    n_problems: int | None,
+    resampled: str,
+) -> Interval:
     """Percentile interval of the crossed bootstrap, stretched about the estimate by (t_nu/z)*sqrt(V/V*)."""
     estimate = _estimate(terms, weights)
     if resampled == NOTHING:
@@ -501,12 +532,26 @@ def _score_interval(
     benches = runs.benchmarks(benchmark)
     term = _Term(1.0, "runs", "all", {b: runs.scores[b] for b in benches})
     n_problems = [runs.scores[b].shape[1] for b in benches]
-    return _interval([term], _weights(benches), replicates, confidence, (0.0, 1.0), runs.n_seeds,
-                     sum(n_problems), _resampled(runs.n_seeds, max(n_problems)))  # fmt: skip
+    return _interval(
+        [term],
+        _weights(benches),
+        replicates,
+        confidence,
+        (0.0, 1.0),
+        runs.n_seeds,
+        sum(n_problems),
+        _resampled(runs.n_seeds, max(n_problems)),
+    )
 
 
-def score(runs: Runs, benchmark: str = OVERALL, *, n_resamples: int = N_RESAMPLES, rng_seed: int = RNG_SEED,
-          confidence: float = CONFIDENCE) -> Interval:  # fmt: skip
+def score(
+    runs: Runs,
+    benchmark: str = OVERALL,
+    *,
+    n_resamples: int = N_RESAMPLES,
+    rng_seed: int = RNG_SEED,
+    confidence: float = CONFIDENCE,
+) -> Interval:
     """A method's score on a benchmark (the mean over seeds and problems of per-problem mean@k) and its
     interval from the hierarchical bootstrap (MATH.md section 8: resample seeds, then problems within
     the benchmark, the same problem draw for every seed). With one seed it covers problems only.
@@ -520,23 +565,33 @@ def score(runs: Runs, benchmark: str = OVERALL, *, n_resamples: int = N_RESAMPLE
     return _score_interval(runs, benchmark, _replicates_once([term], n_resamples, rng_seed), confidence)
 
 
-def scores(runs: Runs, *, n_resamples: int = N_RESAMPLES, rng_seed: int = RNG_SEED,
-           confidence: float = CONFIDENCE) -> dict[str, Interval]:  # fmt: skip
+def scores(
+    runs: Runs, *, n_resamples: int = N_RESAMPLES, rng_seed: int = RNG_SEED, confidence: float = CONFIDENCE
+) -> dict[str, Interval]:
     """`score` for every benchmark and OVERALL (a table row) from one set of resamples: the same
     intervals as one `score` call per cell, without resampling each benchmark twice."""
     replicates = _replicates_once([_Term(1.0, "runs", "all", runs.scores)], n_resamples, rng_seed)
     return {bench: _score_interval(runs, bench, replicates, confidence) for bench in [*runs.scores, OVERALL]}
 
 
-def score_from_means(means: Sequence[float], *, n_resamples: int = N_RESAMPLES, rng_seed: int = RNG_SEED,
-                     confidence: float = CONFIDENCE) -> Interval:  # fmt: skip
+def score_from_means(
+    means: Sequence[float], *, n_resamples: int = N_RESAMPLES, rng_seed: int = RNG_SEED, confidence: float = CONFIDENCE
+) -> Interval:
     """A benchmark score known only as one mean per run (verl's validation logs): the mean over seeds
     and a seeds-only interval (MATH.md section 8, the seed level alone: problem sampling is not in it).
     One run: no interval."""
     runs = Runs({"means": np.asarray(means, dtype=float).reshape(-1, 1)})
     terms = [_Term(1.0, "runs", "all", runs.scores)]
-    return _interval(terms, {"means": 1.0}, _replicates_once(terms, n_resamples, rng_seed), confidence, (0.0, 1.0),
-                     runs.n_seeds, None, MEANS_ONLY if runs.n_seeds > 1 else NOTHING)  # fmt: skip
+    return _interval(
+        terms,
+        {"means": 1.0},
+        _replicates_once(terms, n_resamples, rng_seed),
+        confidence,
+        (0.0, 1.0),
+        runs.n_seeds,
+        None,
+        MEANS_ONLY if runs.n_seeds > 1 else NOTHING,
+    )
 
 
 def _aligned(a: Runs, b: Runs, benchmark: str) -> tuple[list[str], dict[str, np.ndarray], dict[str, np.ndarray], bool]:
@@ -557,8 +612,10 @@ def _aligned(a: Runs, b: Runs, benchmark: str) -> tuple[list[str], dict[str, np.
         if a.problems is not None and b.problems is not None:
             ids_a, ids_b = a.problems[bench], b.problems[bench]
             if set(ids_a) != set(ids_b):
-                raise StatsError(f"{bench}: A and B were scored on different problems ({len(set(ids_a) - set(ids_b))} only in A, "
-                                 f"{len(set(ids_b) - set(ids_a))} only in B); evaluate both on the same problem set")  # fmt: skip
+                raise StatsError(
+                    f"{bench}: A and B were scored on different problems ({len(set(ids_a) - set(ids_b))} only in A, "
+                    f"{len(set(ids_b) - set(ids_a))} only in B); evaluate both on the same problem set"
+                )
             position = {p: i for i, p in enumerate(ids_b)}
             yb = yb[:, [position[p] for p in ids_a]]
         elif ya.shape[1] != yb.shape[1]:
@@ -569,16 +626,27 @@ def _aligned(a: Runs, b: Runs, benchmark: str) -> tuple[list[str], dict[str, np.
     return benches, a_blocks, b_blocks, seeds_paired
 
 
-def _difference_terms(a_blocks: Mapping[str, np.ndarray], b_blocks: Mapping[str, np.ndarray], seeds_paired: bool,
-                      problems_paired: bool) -> list[_Term]:  # fmt: skip
+def _difference_terms(
+    a_blocks: Mapping[str, np.ndarray], b_blocks: Mapping[str, np.ndarray], seeds_paired: bool, problems_paired: bool
+) -> list[_Term]:
     if seeds_paired and problems_paired:
         return [_Term(1.0, "pairs", "all", {k: b_blocks[k] - a_blocks[k] for k in a_blocks})]
-    return [_Term(1.0, "B", "all" if problems_paired else "B", b_blocks),
-            _Term(-1.0, "A", "all" if problems_paired else "A", a_blocks)]  # fmt: skip
+    return [
+        _Term(1.0, "B", "all" if problems_paired else "B", b_blocks),
+        _Term(-1.0, "A", "all" if problems_paired else "A", a_blocks),
+    ]
 
 
-def difference(a: Runs, b: Runs, benchmark: str = OVERALL, *, paired: bool = True, n_resamples: int = N_RESAMPLES,
-               rng_seed: int = RNG_SEED, confidence: float = CONFIDENCE) -> Interval:  # fmt: skip
+def difference(
+    a: Runs,
+    b: Runs,
+    benchmark: str = OVERALL,
+    *,
+    paired: bool = True,
+    n_resamples: int = N_RESAMPLES,
+    rng_seed: int = RNG_SEED,
+    confidence: float = CONFIDENCE,
+) -> Interval:
     """B - A and its interval (MATH.md section 8, paired comparison): per-problem differences on the same
     problems, bootstrapped like a score; seeds are paired (one draw for both) when A and B have the same
     seed labels, and resampled independently per method otherwise (all runs are used; the mean of B
@@ -596,8 +664,16 @@ def difference(a: Runs, b: Runs, benchmark: str = OVERALL, *, paired: bool = Tru
     else:
         resampled = _resampled(max(a.n_seeds, b.n_seeds), max(a_blocks[k].shape[1] for k in benches))
         resampled += " (seeds unpaired)" if resampled != NOTHING else ""
-    return _interval(terms, _weights(benches), _replicates_once(terms, n_resamples, rng_seed), confidence, (-1.0, 1.0),
-                     n_seeds, n_problems, resampled)  # fmt: skip
+    return _interval(
+        terms,
+        _weights(benches),
+        _replicates_once(terms, n_resamples, rng_seed),
+        confidence,
+        (-1.0, 1.0),
+        n_seeds,
+        n_problems,
+        resampled,
+    )
 
 
 def _wins(a: np.ndarray, b: np.ndarray) -> np.ndarray:
@@ -605,8 +681,15 @@ def _wins(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     return 0.5 + 0.5 * np.sign(b[:, None, :] - a[None, :, :])
 
 
-def p_improvement(a: Runs, b: Runs, benchmark: str = OVERALL, *, n_resamples: int = N_RESAMPLES,
-                  rng_seed: int = RNG_SEED, confidence: float = CONFIDENCE) -> Interval:  # fmt: skip
+def p_improvement(
+    a: Runs,
+    b: Runs,
+    benchmark: str = OVERALL,
+    *,
+    n_resamples: int = N_RESAMPLES,
+    rng_seed: int = RNG_SEED,
+    confidence: float = CONFIDENCE,
+) -> Interval:
     """P(B > A), rliable's probability of improvement (Agarwal et al. 2021; MATH.md section 8) with
     problems as its tasks: the probability that a random run of B scores higher than a random run of A
     (ties count 1/2) on a random problem, averaged over all (B run, A run) pairs and the problems of a
@@ -705,14 +788,22 @@ def verdict(diff: Interval) -> str:
     return B_BETTER if diff.estimate > 0 else A_BETTER
 
 
-def compare(a: Runs, b: Runs, benchmark: str = OVERALL, *, n_resamples: int = N_RESAMPLES,
-            rng_seed: int = RNG_SEED, confidence: float = CONFIDENCE) -> Comparison:  # fmt: skip
+def compare(
+    a: Runs,
+    b: Runs,
+    benchmark: str = OVERALL,
+    *,
+    n_resamples: int = N_RESAMPLES,
+    rng_seed: int = RNG_SEED,
+    confidence: float = CONFIDENCE,
+) -> Comparison:
     """Everything `rpg compare` prints for one benchmark (or OVERALL): B - A with its interval, P(B > A)
     with its interval, the seeds needed for 80% power, and the verdict (MATH.md section 8)."""
     diff = difference(a, b, benchmark, n_resamples=n_resamples, rng_seed=rng_seed, confidence=confidence)
     prob = p_improvement(a, b, benchmark, n_resamples=n_resamples, rng_seed=rng_seed, confidence=confidence)
-    return Comparison(benchmark, diff, prob, seeds_needed(a, b, benchmark), verdict(diff),
-                      sorted(a.seeds) == sorted(b.seeds))  # fmt: skip
+    return Comparison(
+        benchmark, diff, prob, seeds_needed(a, b, benchmark), verdict(diff), sorted(a.seeds) == sorted(b.seeds)
+    )
 
 
 def curve_band(curves: Sequence[tuple[Sequence[float], Sequence[float]]], confidence: float = CONFIDENCE) -> Band:

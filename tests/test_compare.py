@@ -20,8 +20,17 @@ N_PROBLEMS = 20
 
 
 def spec(algorithm: str, seed: int, **extra) -> dict:
-    return {"algorithm": algorithm, "kl": "none", "seed": seed, "optimizer": "adamw", "context": "2k",
-            "model": "data/toy/model", "lr": 5e-4, "beta": 1e-3, **extra}  # fmt: skip
+    return {
+        "algorithm": algorithm,
+        "kl": "none",
+        "seed": seed,
+        "optimizer": "adamw",
+        "context": "2k",
+        "model": "data/toy/model",
+        "lr": 5e-4,
+        "beta": 1e-3,
+        **extra,
+    }
 
 
 class Builder:
@@ -34,8 +43,17 @@ class Builder:
         self.count += 1
         run_id = f"r{self.count:04d}"
         name = f"{spec_['algorithm']}-s{spec_['seed']}-{run_id}"
-        self.store.record_plan(RunPlan(id=run_id, name=name, sweep=sweep, backend="local", spec=spec_,
-                                       run_dir=self.root / name, entrypoint=["true"]))  # fmt: skip
+        self.store.record_plan(
+            RunPlan(
+                id=run_id,
+                name=name,
+                sweep=sweep,
+                backend="local",
+                spec=spec_,
+                run_dir=self.root / name,
+                entrypoint=["true"],
+            )
+        )
         return run_id
 
     def evaluate(
@@ -44,13 +62,37 @@ class Builder:
         proto = {**PROTOCOL, **protocol}
         n = proto["n"]
         self.store.record_samples(
-            {"run_id": run_id, "step": step, "benchmark": bench, "problem": f"{bench}-p{p:03d}", "sample_index": j,
-             "scorer": scorer, **proto, "position": p, "extracted": "1", "correct": j < c, "response_length": 5}
-            for p, c in enumerate(correct) for j in range(n)
-        )  # fmt: skip
-        self.store.record_evals([{"run_id": run_id, "step": step, "benchmark": bench, "metric": "mean@k", "k": n,
-                                  "value": float(np.mean(correct)) / n, "scorer": scorer, "scorer_version": "1",
-                                  **proto}])  # fmt: skip
+            {
+                "run_id": run_id,
+                "step": step,
+                "benchmark": bench,
+                "problem": f"{bench}-p{p:03d}",
+                "sample_index": j,
+                "scorer": scorer,
+                **proto,
+                "position": p,
+                "extracted": "1",
+                "correct": j < c,
+                "response_length": 5,
+            }
+            for p, c in enumerate(correct)
+            for j in range(n)
+        )
+        self.store.record_evals(
+            [
+                {
+                    "run_id": run_id,
+                    "step": step,
+                    "benchmark": bench,
+                    "metric": "mean@k",
+                    "k": n,
+                    "value": float(np.mean(correct)) / n,
+                    "scorer": scorer,
+                    "scorer_version": "1",
+                    **proto,
+                }
+            ]
+        )
 
 
 @pytest.fixture

@@ -79,23 +79,47 @@ def assets(tmp_path_factory):
 
 
 def make_spec(model: Path) -> ExperimentSpec:
-    return ExperimentSpec.model_validate({
-        "algorithm": "rpg_reinforce", "kl": "urkl", "beta": 1e-4, "clip": {"eps_low": 0.2, "eps_high": 0.28},
-        "optimizer": "adamw", "context": "2k", "model": str(model), "data": {"train_files": ["x.parquet"]},
-        "train_batch_size": 2, "rollout_n": 2, "ppo_mini_batch_size": 2, "lr": 1e-4, "steps": 2, "seed": 0,
-        "val": {"n": K, "temperature": 0.9, "top_p": 0.95}, "save_every": 1, "backend": "local",
-        "resources": {"gpus_per_node": 0, "cpus": 1},
-    })  # fmt: skip
+    return ExperimentSpec.model_validate(
+        {
+            "algorithm": "rpg_reinforce",
+            "kl": "urkl",
+            "beta": 1e-4,
+            "clip": {"eps_low": 0.2, "eps_high": 0.28},
+            "optimizer": "adamw",
+            "context": "2k",
+            "model": str(model),
+            "data": {"train_files": ["x.parquet"]},
+            "train_batch_size": 2,
+            "rollout_n": 2,
+            "ppo_mini_batch_size": 2,
+            "lr": 1e-4,
+            "steps": 2,
+            "seed": 0,
+            "val": {"n": K, "temperature": 0.9, "top_p": 0.95},
+            "save_every": 1,
+            "backend": "local",
+            "resources": {"gpus_per_node": 0, "cpus": 1},
+        }
+    )
 
 
 VERL_LINES = [
-    {"step": 1, "data": {"critic/score/mean": 0.1, "val-core/aime2025/acc/mean@32": 0.25,
-                         "val-core/aime2025/acc/best@32/mean": 0.6, "val-core/aime2025/acc/best@32/std": 0.05,
-                         "val-core/aime2025/acc/maj@32/mean": 0.3, "val-aux/aime2025/acc/std@32": 0.4,
-                         "val-aux/aime2025/acc/best@2/mean": 0.35, "val-aux/aime2025/score/mean@32": -0.5,
-                         "val-core/math_dapo/reward/mean@32": 0.9}},
+    {
+        "step": 1,
+        "data": {
+            "critic/score/mean": 0.1,
+            "val-core/aime2025/acc/mean@32": 0.25,
+            "val-core/aime2025/acc/best@32/mean": 0.6,
+            "val-core/aime2025/acc/best@32/std": 0.05,
+            "val-core/aime2025/acc/maj@32/mean": 0.3,
+            "val-aux/aime2025/acc/std@32": 0.4,
+            "val-aux/aime2025/acc/best@2/mean": 0.35,
+            "val-aux/aime2025/score/mean@32": -0.5,
+            "val-core/math_dapo/reward/mean@32": 0.9,
+        },
+    },
     {"step": 2, "data": {"val-core/aime2025/acc/mean@32": 0.5, "val-core/amc_23/acc/mean@32": float("nan")}},
-]  # fmt: skip
+]
 
 
 def make_run(
@@ -192,14 +216,31 @@ def test_run_is_evaluated_end_to_end_and_the_store_agrees_with_its_samples(asset
     db_file = tmp_path / "results.db"
     db = f"sqlite:///{db_file}"
     spec = make_run(tmp_path, assets["model"], db)
-    result = rpg("eval", spec.run_name, "-b", str(assets["data"]), "--k", str(K), "--local", "--db", db,
-                 "--max-tokens", str(MAX_TOKENS), "--runs-dir", str(tmp_path / "runs"))  # fmt: skip
+    result = rpg(
+        "eval",
+        spec.run_name,
+        "-b",
+        str(assets["data"]),
+        "--k",
+        str(K),
+        "--local",
+        "--db",
+        db,
+        "--max-tokens",
+        str(MAX_TOKENS),
+        "--runs-dir",
+        str(tmp_path / "runs"),
+    )
     assert result.exit_code == 0, result.output
     assert spec.run_name in result.output and "mean@k" in result.output
     assert count_generation == {"load": 1, "generate": 3}  # 3 unique problems out of 9 rows, the last step only
 
-    samples = query(db_file, "SELECT position, sample_index, extracted, correct, response_length, step, benchmark, scorer "
-                             "FROM samples WHERE run_id=?", spec.run_id)  # fmt: skip
+    samples = query(
+        db_file,
+        "SELECT position, sample_index, extracted, correct, response_length, step, benchmark, scorer "
+        "FROM samples WHERE run_id=?",
+        spec.run_id,
+    )
     assert len(samples) == 3 * K
     assert {(s[5], s[6], s[7]) for s in samples} == {(2, "toy_add", "dapo")}  # --steps last = 2; named by data_source
     assert sorted((s[0], s[1]) for s in samples) == [(p, j) for p in range(3) for j in range(K)]
@@ -235,8 +276,21 @@ def _rows(path: Path) -> list[dict]:
 def test_resume_generates_only_what_is_missing_and_rescoring_reuses_responses(assets, tmp_path, count_generation):
     db_file = tmp_path / "results.db"
     db = f"sqlite:///{db_file}"
-    args = ["eval", str(assets["model"]), "-b", str(assets["data"]), "--k", str(K), "--local", "--db", db,
-            "--max-tokens", str(MAX_TOKENS), "--runs-dir", str(tmp_path / "runs")]  # fmt: skip
+    args = [
+        "eval",
+        str(assets["model"]),
+        "-b",
+        str(assets["data"]),
+        "--k",
+        str(K),
+        "--local",
+        "--db",
+        db,
+        "--max-tokens",
+        str(MAX_TOKENS),
+        "--runs-dir",
+        str(tmp_path / "runs"),
+    ]
     assert rpg(*args).exit_code == 0
     assert count_generation == {"load": 1, "generate": 3}
     (run_id,) = query(db_file, "SELECT id FROM runs")[0]
@@ -267,8 +321,11 @@ def test_resume_generates_only_what_is_missing_and_rescoring_reuses_responses(as
     # another scorer: the cached responses are rescored, nothing is generated
     assert rpg(*args, "--scorer", "math_verify").exit_code == 0
     assert count_generation["generate"] == 4
-    mv = query(db_file, "SELECT count(*), max(scorer_version) FROM samples s JOIN evals e USING (run_id) "
-                        "WHERE s.scorer='math_verify' AND e.scorer='math_verify' AND e.metric='mean@k'")  # fmt: skip
+    mv = query(
+        db_file,
+        "SELECT count(*), max(scorer_version) FROM samples s JOIN evals e USING (run_id) "
+        "WHERE s.scorer='math_verify' AND e.scorer='math_verify' AND e.metric='mean@k'",
+    )
     assert mv[0][0] == 3 * K and mv[0][1].startswith("math-verify")
 
 
@@ -285,8 +342,21 @@ def test_steps_select_checkpoints(assets, tmp_path, count_generation):
     assert steps_of("3,1") == [1, 3]
     with pytest.raises(EvalError, match="no checkpoint for step 7; its steps: 1, 2, 3"):
         steps_of("7")
-    result = rpg("eval", spec.run_id, "-b", str(assets["data"]), "--steps", "1,3", "--local", "--db", db,
-                 "--max-tokens", str(MAX_TOKENS), "--k", "2")  # fmt: skip
+    result = rpg(
+        "eval",
+        spec.run_id,
+        "-b",
+        str(assets["data"]),
+        "--steps",
+        "1,3",
+        "--local",
+        "--db",
+        db,
+        "--max-tokens",
+        str(MAX_TOKENS),
+        "--k",
+        "2",
+    )
     assert result.exit_code == 0, result.output
     assert {s for (s, m, k) in evals(db_file, spec.run_id) if m == "mean@k"} == {1, 3}
     assert count_generation["load"] == 2  # one model per checkpoint
@@ -297,8 +367,21 @@ def test_sampling_comes_from_the_run_spec_unless_overridden(assets, tmp_path):
     spec = make_run(tmp_path, assets["model"], db)
     sampling = plan_eval(EvalOptions(ref=spec.run_name, benchmarks=(str(assets["data"]),), db=db)).targets[0].sampling
     assert (sampling.k, sampling.temperature, sampling.top_p, sampling.max_tokens) == (K, 0.9, 0.95, 2048)
-    sampling = plan_eval(EvalOptions(ref=spec.run_name, benchmarks=(str(assets["data"]),), db=db, k=8, top_p=0.5,
-                                     temperature=0.0, max_tokens=64)).targets[0].sampling  # fmt: skip
+    sampling = (
+        plan_eval(
+            EvalOptions(
+                ref=spec.run_name,
+                benchmarks=(str(assets["data"]),),
+                db=db,
+                k=8,
+                top_p=0.5,
+                temperature=0.0,
+                max_tokens=64,
+            )
+        )
+        .targets[0]
+        .sampling
+    )
     assert (sampling.k, sampling.temperature, sampling.top_p, sampling.max_tokens) == (8, 0.0, 0.5, 64)
 
 
@@ -353,9 +436,21 @@ def test_verl_validation_metrics_are_ingested_under_verl_names(tmp_path):
 def test_job_options_round_trip_through_the_entry_point(monkeypatch):
     from rpg_cli.evaluation.job import job_argv, job_env
 
-    options = EvalOptions(ref="runs/s/r", benchmarks=("aime24", "x/y.parquet"), k=8, steps="1,2", scorer="math_verify",
-                          data_dir="d", db="sqlite:///a.db", runs_dir="rr", engine="hf", temperature=0.5, top_p=0.9,
-                          max_tokens=100, seed=3)  # fmt: skip
+    options = EvalOptions(
+        ref="runs/s/r",
+        benchmarks=("aime24", "x/y.parquet"),
+        k=8,
+        steps="1,2",
+        scorer="math_verify",
+        data_dir="d",
+        db="sqlite:///a.db",
+        runs_dir="rr",
+        engine="hf",
+        temperature=0.5,
+        top_p=0.9,
+        max_tokens=100,
+        seed=3,
+    )
     argv = job_argv(options)
     assert argv[:3] == ["python", "-m", "rpg_cli.evaluation"]
     for name, value in job_env(options).items():  # the database URL travels in the job's environment
@@ -411,8 +506,20 @@ def test_eval_runs_as_a_ray_job_on_the_local_head(assets, tmp_path):
     db_file = tmp_path / "results.db"
     runs = tmp_path / "runs"
     try:
-        result = rpg("eval", str(assets["model"]), "-b", str(assets["data"]), "--k", "2", "--db", f"sqlite:///{db_file}",
-                     "--runs-dir", str(runs), "--max-tokens", str(MAX_TOKENS))  # fmt: skip
+        result = rpg(
+            "eval",
+            str(assets["model"]),
+            "-b",
+            str(assets["data"]),
+            "--k",
+            "2",
+            "--db",
+            f"sqlite:///{db_file}",
+            "--runs-dir",
+            str(runs),
+            "--max-tokens",
+            str(MAX_TOKENS),
+        )
         assert result.exit_code == 0, result.output
         assert "Ray job rpg-eval-" in result.output and "mean@k" in result.output
     finally:
@@ -431,8 +538,19 @@ def test_a_sweep_evaluates_its_runs_and_skips_those_without_checkpoints(assets, 
     empty = make_spec(assets["model"]).model_copy(update={"seed": 1})
     (tmp_path / "runs" / "s1" / empty.run_name).mkdir(parents=True)
     store = open_store(db)
-    store.record_plans([RunPlan(empty.run_id, empty.run_name, "s1", "local", empty.canonical(),
-                                tmp_path / "runs" / "s1" / empty.run_name, [])])  # fmt: skip
+    store.record_plans(
+        [
+            RunPlan(
+                empty.run_id,
+                empty.run_name,
+                "s1",
+                "local",
+                empty.canonical(),
+                tmp_path / "runs" / "s1" / empty.run_name,
+                [],
+            )
+        ]
+    )
     store.close()
     plan = plan_eval(EvalOptions(ref="s1", benchmarks=(str(assets["data"]),), db=db, steps="all"))
     assert [(t.run_id, [c.step for c in t.checkpoints]) for t in plan.targets] == [(spec.run_id, [1, 2])]

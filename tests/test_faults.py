@@ -28,8 +28,9 @@ OTHER_UID = 54321  # a second local user, simulated by chown (root only)
 def rpg(*args: str, cwd: Path) -> subprocess.CompletedProcess:
     """The real command line, in a fresh interpreter: everything it prints, tracebacks included."""
     env = {**os.environ, "COLUMNS": "250"}
-    return subprocess.run([sys.executable, "-m", "rpg_cli", *args], cwd=cwd, env=env, capture_output=True, text=True,
-                          timeout=120)  # fmt: skip
+    return subprocess.run(
+        [sys.executable, "-m", "rpg_cli", *args], cwd=cwd, env=env, capture_output=True, text=True, timeout=120
+    )
 
 
 def recorded_store(tmp_path: Path, runs: dict[str, tuple[str, str | None]]) -> str:
@@ -37,8 +38,15 @@ def recorded_store(tmp_path: Path, runs: dict[str, tuple[str, str | None]]) -> s
     url = f"sqlite:///{tmp_path / 'results.db'}"
     store = open_store(url)
     for name, (status, error) in runs.items():
-        plan = RunPlan(id=f"id-{name}", name=name, sweep="s", backend="local", spec={"seed": 0},
-                       run_dir=tmp_path / "runs" / "s" / name, entrypoint=["true"])  # fmt: skip
+        plan = RunPlan(
+            id=f"id-{name}",
+            name=name,
+            sweep="s",
+            backend="local",
+            spec={"seed": 0},
+            run_dir=tmp_path / "runs" / "s" / name,
+            entrypoint=["true"],
+        )
         store.record_plans([plan], "s")
         store.begin_attempt(plan.id)
         store.set_status(plan.id, status, error=error, submission_id=plan.id)
@@ -74,8 +82,10 @@ def test_runs_without_a_cluster_shows_live_runs_as_stored_and_says_they_may_be_s
 
 
 def test_runs_wide_shows_a_failure_reason_whole(tmp_path):
-    reason = "disk full writing /data/runs/s/a/checkpoints/step_300/trainer_state.pt: free space (df -h shows where), " \
-             "then `rpg sweep SPEC --retry-failed` resumes from the last checkpoint"  # fmt: skip
+    reason = (
+        "disk full writing /data/runs/s/a/checkpoints/step_300/trainer_state.pt: free space (df -h shows where), "
+        "then `rpg sweep SPEC --retry-failed` resumes from the last checkpoint"
+    )
     db = recorded_store(tmp_path, {"a": ("failed", reason)})
     short = CliRunner().invoke(app, ["runs", "--db", db], env={"COLUMNS": "250"})
     assert short.exit_code == 0 and reason not in short.stdout and "disk full writing /data/runs" in short.stdout
@@ -181,8 +191,14 @@ def write_head(runs_dir: Path, dashboard: str, head_mode=0o600, token_mode=0o600
     """A head.json and a token as rpg writes them, in a head directory of the current user."""
     head_dir = runs_dir / "ray"
     head_dir.mkdir(parents=True, mode=0o700)
-    head = {"dashboard_url": dashboard, "gcs_address": "127.0.0.1:1", "temp_dir": str(head_dir / "t"),
-            "pgid": 2**22 + 12345, "host": socket.gethostname(), "token_file": str(head_dir / "auth_token")}  # fmt: skip
+    head = {
+        "dashboard_url": dashboard,
+        "gcs_address": "127.0.0.1:1",
+        "temp_dir": str(head_dir / "t"),
+        "pgid": 2**22 + 12345,
+        "host": socket.gethostname(),
+        "token_file": str(head_dir / "auth_token"),
+    }
     (head_dir / "head.json").write_text(json.dumps(head))
     (head_dir / "head.json").chmod(head_mode)
     (head_dir / "auth_token").write_text("the-secret-token")
@@ -190,13 +206,25 @@ def write_head(runs_dir: Path, dashboard: str, head_mode=0o600, token_mode=0o600
     return head_dir
 
 
-@pytest.mark.parametrize("case", ["head-of-another-user", "head-writable-by-others", "off-loopback",
-                                  "token-readable-by-others", "token-of-another-user"])  # fmt: skip
+@pytest.mark.parametrize(
+    "case",
+    [
+        "head-of-another-user",
+        "head-writable-by-others",
+        "off-loopback",
+        "token-readable-by-others",
+        "token-of-another-user",
+    ],
+)
 def test_head_files_another_user_could_have_written_are_refused_and_the_token_is_never_sent(case, tmp_path, listener):
     runs_dir = tmp_path / "runs"
     dashboard = "http://10.255.255.1:8265" if case == "off-loopback" else f"http://127.0.0.1:{listener.port}"
-    head_dir = write_head(runs_dir, dashboard, head_mode=0o666 if case == "head-writable-by-others" else 0o600,
-                          token_mode=0o644 if case == "token-readable-by-others" else 0o600)  # fmt: skip
+    head_dir = write_head(
+        runs_dir,
+        dashboard,
+        head_mode=0o666 if case == "head-writable-by-others" else 0o600,
+        token_mode=0o644 if case == "token-readable-by-others" else 0o600,
+    )
     if case == "head-of-another-user":
         _chown(head_dir / "head.json", OTHER_UID)
     if case == "token-of-another-user":
@@ -304,8 +332,12 @@ def full_dir(tmp_path):
     """A directory on a tiny tmpfs that is full (needs mount: root)."""
     path = tmp_path / "full"
     path.mkdir()
-    if os.geteuid() != 0 or subprocess.run(["mount", "-t", "tmpfs", "-o", "size=64k", "tmpfs", str(path)],
-                                           capture_output=True).returncode:  # fmt: skip
+    if (
+        os.geteuid() != 0
+        or subprocess.run(
+            ["mount", "-t", "tmpfs", "-o", "size=64k", "tmpfs", str(path)], capture_output=True
+        ).returncode
+    ):
         pytest.skip("a full filesystem is simulated with a tiny tmpfs (root and mount needed)")
     try:
         with open(path / "filler", "wb") as f:
@@ -323,8 +355,15 @@ def test_a_sweep_into_a_read_only_runs_directory_is_one_line_and_writes_nothing(
 
     write_inputs(tmp_path, REPO / "experiments" / "smoke.yaml")
     db = tmp_path / "results.db"
-    result = rpg("sweep", str(REPO / "experiments" / "smoke.yaml"), "--runs-dir", str(read_only_dir / "runs"),
-                 "--db", str(db), cwd=tmp_path)  # fmt: skip
+    result = rpg(
+        "sweep",
+        str(REPO / "experiments" / "smoke.yaml"),
+        "--runs-dir",
+        str(read_only_dir / "runs"),
+        "--db",
+        str(db),
+        cwd=tmp_path,
+    )
     assert result.returncode == 2, result.stderr
     last = result.stderr.strip().splitlines()[-1]
     assert "Traceback" not in result.stderr and str(read_only_dir / "runs") in last
@@ -362,19 +401,56 @@ def scored_store(tmp_path: Path) -> str:
     """A results file with one run that has training metrics and an evaluation score: enough for a
     table and a plot."""
     url = f"sqlite:///{tmp_path / 'scored.db'}"
-    spec = {"algorithm": "grpo", "kl": "none", "seed": 0, "optimizer": "adamw", "context": "4k", "model": "m",
-            "beta": 1e-3, "lr": 1e-6, "clip": {"eps_low": 0.2, "eps_high": 0.2, "c": 3.0}}  # fmt: skip
+    spec = {
+        "algorithm": "grpo",
+        "kl": "none",
+        "seed": 0,
+        "optimizer": "adamw",
+        "context": "4k",
+        "model": "m",
+        "beta": 1e-3,
+        "lr": 1e-6,
+        "clip": {"eps_low": 0.2, "eps_high": 0.2, "c": 3.0},
+    }
     store = open_store(url)
-    store.record_plans([RunPlan(id="r1", name="grpo-r1", sweep="s", backend="local", spec=spec,
-                                run_dir=tmp_path / "runs" / "s" / "grpo-r1", entrypoint=["true"])], "s")  # fmt: skip
+    store.record_plans(
+        [
+            RunPlan(
+                id="r1",
+                name="grpo-r1",
+                sweep="s",
+                backend="local",
+                spec=spec,
+                run_dir=tmp_path / "runs" / "s" / "grpo-r1",
+                entrypoint=["true"],
+            )
+        ],
+        "s",
+    )
     metrics = tmp_path / "metrics.jsonl"
     metrics.write_text(
         "".join(json.dumps({"step": s, "data": {"critic/score/mean": s / 10}}) + "\n" for s in (1, 2, 3))
     )
     store.ingest_metrics("r1", metrics)
-    store.record_evals([{"run_id": "r1", "step": 3, "benchmark": "aime24", "metric": "mean@32", "k": 32,
-                         "value": 0.25, "scorer": "dapo", "scorer_version": "1", "n": 32,
-                         "temperature": 1.0, "top_p": 1.0, "max_tokens": 2048, "seed": 0}])  # fmt: skip
+    store.record_evals(
+        [
+            {
+                "run_id": "r1",
+                "step": 3,
+                "benchmark": "aime24",
+                "metric": "mean@32",
+                "k": 32,
+                "value": 0.25,
+                "scorer": "dapo",
+                "scorer_version": "1",
+                "n": 32,
+                "temperature": 1.0,
+                "top_p": 1.0,
+                "max_tokens": 2048,
+                "seed": 0,
+            }
+        ]
+    )
     store.close()
     return url
 
@@ -387,8 +463,9 @@ def test_tables_plots_and_job_logs_are_written_with_the_users_umask(umask, tmp_p
     previous = os.umask(umask)
     try:
         table = CliRunner().invoke(app, ["report", "--table", "--db", db, "-o", str(tmp_path / "out" / "table.md")])
-        plots = CliRunner().invoke(app, ["report", "--plot", "--metrics", "reward", "--db", db,
-                                         "-o", str(tmp_path / "plots")])  # fmt: skip
+        plots = CliRunner().invoke(
+            app, ["report", "--plot", "--metrics", "reward", "--db", db, "-o", str(tmp_path / "plots")]
+        )
         run = SimpleNamespace(submission_id="j", run_dir=tmp_path / "run")
         _save_log(SimpleNamespace(get_job_logs=lambda submission_id: "the job's output\n"), run)
     finally:
@@ -479,16 +556,22 @@ def write_checked_inputs(root: Path) -> None:
     ],
     ids=["missing-file", "missing-columns", "missing-model", "prompt-too-long"],
 )
-def test_inputs_a_run_would_fail_on_are_refused_by_the_dry_run_and_before_any_submission(change, expected, tmp_path,
-                                                                                        monkeypatch):  # fmt: skip
+def test_inputs_a_run_would_fail_on_are_refused_by_the_dry_run_and_before_any_submission(
+    change, expected, tmp_path, monkeypatch
+):
     """Such runs once passed the dry run and failed 9-38 s into each job, after their run directory and
     database row existed (a 258-token prompt on a 32-position model even "succeeded")."""
     write_checked_inputs(tmp_path)
     from rpg_cli.spec import load_sweep
 
-    base = {**load_sweep(REPO / "experiments" / "smoke.yaml").base, "algorithm": "grpo", "kl": "none",
-            "reference": "frozen", "model": "model",
-            "data": {"train_files": ["data/short.parquet"], "val_files": ["data/short.parquet"]}}  # fmt: skip
+    base = {
+        **load_sweep(REPO / "experiments" / "smoke.yaml").base,
+        "algorithm": "grpo",
+        "kl": "none",
+        "reference": "frozen",
+        "model": "model",
+        "data": {"train_files": ["data/short.parquet"], "val_files": ["data/short.parquet"]},
+    }
     spec = {**base, **change, "data": {**base["data"], **change.get("data", {})}}
     (tmp_path / "s.yaml").write_text(json.dumps({"name": "s", "base": spec}))
     monkeypatch.chdir(tmp_path)

@@ -19,8 +19,14 @@ COMMANDS = [c.name or c.callback.__name__ for c in app.registered_commands]
 
 def help_text(args: list[str], columns: int) -> list[str]:
     env = {**os.environ, "COLUMNS": str(columns), "TERM": "dumb", "NO_COLOR": "1"}
-    result = subprocess.run([sys.executable, "-m", "rpg_cli", *args, "--help"], cwd=REPO, env=env,
-                            capture_output=True, text=True, timeout=120)  # fmt: skip
+    result = subprocess.run(
+        [sys.executable, "-m", "rpg_cli", *args, "--help"],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert result.returncode == 0, result.stderr
     return result.stdout.splitlines()
 

@@ -21,8 +21,11 @@ SHARED_DATA = Path(os.environ.get("RPG_SHARED_DATA") or REPO.parent / "shared" /
 
 def test_data_files_are_checked_for_the_columns_and_rows_verl_reads(tmp_path):
     ours = tmp_path / "rows.parquet"
-    pq.write_table(pa.Table.from_pylist([verl_row(f"{i}+1?", str(i + 1), "toy", i) for i in range(300)],
-                                        schema=VERL_SCHEMA), ours, row_group_size=100)  # fmt: skip
+    pq.write_table(
+        pa.Table.from_pylist([verl_row(f"{i}+1?", str(i + 1), "toy", i) for i in range(300)], schema=VERL_SCHEMA),
+        ours,
+        row_group_size=100,
+    )
     columns, rows = parquet_schema(ours)
     assert rows == 300 and {"prompt", "reward_model", "reward_model.ground_truth", "data_source"} <= columns
     assert check_data_file("data.train_files", str(ours)) == []
@@ -70,8 +73,14 @@ def chat_model(tmp_path_factory):
     core.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     core.decoder = decoders.ByteLevel()
     corpus = ["Solve the problem. Answer: 42", "What is 3+4? Think step by step.", "Écrivez la réponse. 数学"] * 50
-    core.train_from_iterator(corpus, trainers.BpeTrainer(vocab_size=300, special_tokens=["<|im_start|>", "<|im_end|>"],
-                                                         initial_alphabet=pre_tokenizers.ByteLevel.alphabet()))  # fmt: skip
+    core.train_from_iterator(
+        corpus,
+        trainers.BpeTrainer(
+            vocab_size=300,
+            special_tokens=["<|im_start|>", "<|im_end|>"],
+            initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        ),
+    )
     tokenizer = PreTrainedTokenizerFast(tokenizer_object=core, eos_token="<|im_end|>", pad_token="<|im_end|>")
     tokenizer.chat_template = (
         "{% for message in messages %}{{ '<|im_start|>' + message['role'] + '\\n' + message['content'] | trim }}"
@@ -90,8 +99,9 @@ def test_prompt_counts_match_transformers_chat_template_exactly_where_they_matte
     ]
     path = tmp_path / "p.parquet"
     pq.write_table(pa.table({"prompt": prompts}), path)
-    exact = [len(tokenizer.apply_chat_template(m, add_generation_prompt=True, tokenize=True)["input_ids"])
-             for m in prompts]  # fmt: skip
+    exact = [
+        len(tokenizer.apply_chat_template(m, add_generation_prompt=True, tokenize=True)["input_ids"]) for m in prompts
+    ]
     counter = _PromptCounter(model_dir)
     assert counter.lengths(str(path), threshold=0) == exact  # every count exact
     for threshold in (20, 40, 63, 1000):

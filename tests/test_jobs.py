@@ -274,8 +274,12 @@ def test_killed_driver_loses_nothing_and_resubmits_nothing(cluster, tmp_path):
     on_update, _ = deadline_guard(90)
     final = run_sweep(plans, "s2", db, runs_dir=cluster["runs"], on_update=on_update, poll_s=0.3)
     assert {r.name: r.status for r in final.runs} == {
-        "quick-a": "succeeded", "quick-b": "succeeded", "slow-a": "succeeded", "slow-b": "succeeded", "broken": "failed",
-    }  # fmt: skip
+        "quick-a": "succeeded",
+        "quick-b": "succeeded",
+        "slow-a": "succeeded",
+        "slow-b": "succeeded",
+        "broken": "failed",
+    }
     assert [s for s in ray_submissions(cluster) if s.startswith("s2-")] == sorted(ids)  # each submitted once
     store = open_store(db)
     try:
@@ -389,12 +393,14 @@ def test_two_sweeps_sharing_a_run_agree_on_its_state_and_its_directory(cluster, 
     def shared(sweep: str, mode: str = "ok") -> RunPlan:
         return dataclasses.replace(make_plan(cluster, sweep, "shared", steps=2, mode=mode), id="shared-cell")
 
-    first = run_sweep([shared("m1"), make_plan(cluster, "m1", "own-1", steps=2)], "m1", db, runs_dir=cluster["runs"],
-                      poll_s=0.3)  # fmt: skip
+    first = run_sweep(
+        [shared("m1"), make_plan(cluster, "m1", "own-1", steps=2)], "m1", db, runs_dir=cluster["runs"], poll_s=0.3
+    )
     assert first.counts["succeeded"] == 2
     submitted = ray_submissions(cluster)
-    second = run_sweep([shared("m2"), make_plan(cluster, "m2", "own-2", steps=2)], "m2", db, runs_dir=cluster["runs"],
-                       poll_s=0.3)  # fmt: skip
+    second = run_sweep(
+        [shared("m2"), make_plan(cluster, "m2", "own-2", steps=2)], "m2", db, runs_dir=cluster["runs"], poll_s=0.3
+    )
     assert second.counts["succeeded"] == 2
     assert set(ray_submissions(cluster)) - set(submitted) == {"m2-own-2"}  # the shared run was done already
     home = cluster["runs"] / "m1" / "shared"
@@ -405,9 +411,25 @@ def test_two_sweeps_sharing_a_run_agree_on_its_state_and_its_directory(cluster, 
         assert (run.sweep, run.run_dir, run.attempts) == ("m1", home.resolve(), 1)  # did not move
         assert [r.id for r in store.runs(sweep="m1")] == ["shared-cell", "m1-own-1"]
         assert sorted(r.id for r in store.runs(sweep="m2")) == ["m2-own-2", "shared-cell"]
-        store.record_evals([{"run_id": "shared-cell", "step": 2, "benchmark": "aime24", "metric": "mean@k", "k": 4,
-                             "scorer": "dapo", "value": 0.5, "scorer_version": "1", "n": 4, "temperature": 1.0,
-                             "top_p": 1.0, "max_tokens": 64, "seed": 0}])  # fmt: skip
+        store.record_evals(
+            [
+                {
+                    "run_id": "shared-cell",
+                    "step": 2,
+                    "benchmark": "aime24",
+                    "metric": "mean@k",
+                    "k": 4,
+                    "scorer": "dapo",
+                    "value": 0.5,
+                    "scorer_version": "1",
+                    "n": 4,
+                    "temperature": 1.0,
+                    "top_p": 1.0,
+                    "max_tokens": 64,
+                    "seed": 0,
+                }
+            ]
+        )
     finally:
         store.close()
     for sweep in ("m1", "m2"):
@@ -475,8 +497,10 @@ def test_runs_that_end_unwatched_are_brought_up_to_date_by_every_command(cluster
     db = f"sqlite:///{tmp_path / 'results.db'}"
     common = ["--db", db, "--runs-dir", str(cluster["runs"])]
     runner = CliRunner()
-    plans = {name: make_plan(cluster, "s5", name, steps=2, delay=0, mode="sigkill" if name == "killed" else "ok")
-             for name in ("seen-by-runs", "killed", "seen-by-report", "seen-by-logs", "cancelled-too-late")}  # fmt: skip
+    plans = {
+        name: make_plan(cluster, "s5", name, steps=2, delay=0, mode="sigkill" if name == "killed" else "ok")
+        for name in ("seen-by-runs", "killed", "seen-by-report", "seen-by-logs", "cancelled-too-late")
+    }
     run_sweep(list(plans.values()), "s5", db, runs_dir=cluster["runs"], detach=True)
     client = connect(runs_dir=cluster["runs"])
     end = time.monotonic() + 90
@@ -492,8 +516,11 @@ def test_runs_that_end_unwatched_are_brought_up_to_date_by_every_command(cluster
     states = run_states(db, ids.values())
     assert all(states[ids[n]] == "succeeded" for n in plans if n != "killed") and states[ids["killed"]] == "failed"
     # every command reconciles all it shows; reset the store's view to check the others one by one
-    for name, command in (("seen-by-report", ["report", "--sweep", "s5"]), ("seen-by-logs", ["logs", plans["seen-by-logs"].name]),
-                          ("cancelled-too-late", ["cancel", plans["cancelled-too-late"].name])):  # fmt: skip
+    for name, command in (
+        ("seen-by-report", ["report", "--sweep", "s5"]),
+        ("seen-by-logs", ["logs", plans["seen-by-logs"].name]),
+        ("cancelled-too-late", ["cancel", plans["cancelled-too-late"].name]),
+    ):
         store = open_store(db)
         store.set_status(ids[name], "running")  # what a watcher killed before the end leaves
         store.close()

@@ -23,13 +23,26 @@ from rpg_cli.store import open_store
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 
 
-def spec(algorithm: str, kl: str = "none", seed: int = 0, optimizer: str = "adamw", context: str = "4k",
-         model: str = "Qwen/Qwen3-4B", clip=(0.2, 0.28)) -> dict:  # fmt: skip
+def spec(
+    algorithm: str,
+    kl: str = "none",
+    seed: int = 0,
+    optimizer: str = "adamw",
+    context: str = "4k",
+    model: str = "Qwen/Qwen3-4B",
+    clip=(0.2, 0.28),
+) -> dict:
     return {
-        "algorithm": algorithm, "kl": kl, "seed": seed, "optimizer": optimizer, "context": context,
-        "model": model, "beta": 1e-4, "lr": 1e-6,
+        "algorithm": algorithm,
+        "kl": kl,
+        "seed": seed,
+        "optimizer": optimizer,
+        "context": context,
+        "model": model,
+        "beta": 1e-4,
+        "lr": 1e-6,
         "clip": None if clip is None else {"eps_low": clip[0], "eps_high": clip[1], "c": 10.0},
-    }  # fmt: skip
+    }
 
 
 PROTOCOL = {"n": 32, "temperature": 1.0, "top_p": 0.7, "max_tokens": 4096, "seed": 0}
@@ -54,8 +67,15 @@ class Filler:
         self.n += 1
         run_id = f"r{self.n:04d}"
         name = name or f"{spec_['algorithm']}-{spec_['kl']}-s{spec_['seed']}-{run_id}"
-        plan = RunPlan(id=run_id, name=name, sweep=sweep, backend="local", spec=spec_,
-                       run_dir=self.root / sweep / name, entrypoint=["true"])  # fmt: skip
+        plan = RunPlan(
+            id=run_id,
+            name=name,
+            sweep=sweep,
+            backend="local",
+            spec=spec_,
+            run_dir=self.root / sweep / name,
+            entrypoint=["true"],
+        )
         self.store.record_plan(plan)
         return run_id
 
@@ -65,8 +85,16 @@ class Filler:
         path.write_text("".join(json.dumps({"step": s, "data": d}) + "\n" for s, d in sorted(rows.items())))
         self.store.ingest_metrics(run_id, path)
 
-    def evals(self, run_id: str, bench: str, values: dict[int, float], metric: str = "mean@32", k: int = 32,
-              scorer: str = "dapo", **protocol) -> None:  # fmt: skip
+    def evals(
+        self,
+        run_id: str,
+        bench: str,
+        values: dict[int, float],
+        metric: str = "mean@32",
+        k: int = 32,
+        scorer: str = "dapo",
+        **protocol,
+    ) -> None:
         self.store.record_evals(
             {
                 "run_id": run_id,
@@ -78,7 +106,7 @@ class Filler:
                 "scorer": scorer,
                 "scorer_version": "1",
                 **{**PROTOCOL, **protocol},
-            }  # fmt: skip
+            }
             for step, v in values.items()
         )
 
@@ -330,11 +358,18 @@ def test_paper_results_data_file_covers_the_papers_tables():
 
 def test_training_validation_metrics_feed_the_table(store, fill):
     run_id = fill.run(spec("dapo"))
-    fill.metrics(run_id, {
-        1: {"critic/score/mean": 0.1},
-        5: {"val-core/math_dapo/acc/mean@4": 0.25, "val-core/aime2025/acc/mean@4": 0.1, "val-core/amc_23/acc/maj@4/mean": 0.9},
-        10: {"val-core/math_dapo/acc/mean@4": 0.5, "val-core/aime2025/acc/mean@4": 0.05},
-    })  # fmt: skip
+    fill.metrics(
+        run_id,
+        {
+            1: {"critic/score/mean": 0.1},
+            5: {
+                "val-core/math_dapo/acc/mean@4": 0.25,
+                "val-core/aime2025/acc/mean@4": 0.1,
+                "val-core/amc_23/acc/maj@4/mean": 0.9,
+            },
+            10: {"val-core/math_dapo/acc/mean@4": 0.5, "val-core/aime2025/acc/mean@4": 0.05},
+        },
+    )
     evaluated = fill.run(spec("grpo"))
     fill.evals(evaluated, "aime24", {10: 0.7})
     table = report.build_table(store, compare_paper=True)
@@ -346,8 +381,11 @@ def test_training_validation_metrics_feed_the_table(store, fill):
     fill.run(spec("reinforce_pp"))  # never evaluated: no row, but counted
     table = report.build_table(store, compare_paper=True)
     assert [r.method for g in table.groups for r in g.rows] == ["GRPO", "DAPO"]
-    assert table.sources == [f"rpg eval (scorer dapo, mean@32, {SHOWN}): 1 run",
-                             f"training validation (mean@4, {val_shown()}): 1 run", "not scored yet: 1 run"]  # fmt: skip
+    assert table.sources == [
+        f"rpg eval (scorer dapo, mean@32, {SHOWN}): 1 run",
+        f"training validation (mean@4, {val_shown()}): 1 run",
+        "not scored yet: 1 run",
+    ]
     maj = report.build_table(store, metric="maj@k", compare_paper=True)
     assert maj.benchmarks == ["amc23"] and row_of(maj, "DAPO").cells[("amc23", "best_test")].mean == 0.9
 
@@ -367,8 +405,10 @@ def test_validation_logged_before_ingestion_copied_it_is_read_from_the_metrics(t
     finally:
         store.close()
     # version 1 kept no protocol: the upgrade filled in what version 1 sampled with (n from k)
-    assert table.sources == [f"rpg eval (scorer dapo, mean@4, {SHOWN.replace('n=32', 'n=4')}): 1 run",
-                             "training validation (mean@32): 2 runs"]  # fmt: skip
+    assert table.sources == [
+        f"rpg eval (scorer dapo, mean@4, {SHOWN.replace('n=32', 'n=4')}): 1 run",
+        "training validation (mean@32): 2 runs",
+    ]
     (row,) = [r for g in table.groups for r in g.rows]
     assert (row.method, len(row.runs)) == ("RPG-URKL", 3)
     assert row.cells[("aime24", "last")].mean == 0.25 and row.cells[("aime24", "last")].n == 1
@@ -379,14 +419,27 @@ def test_validation_copied_at_ingestion_is_used_under_the_papers_benchmark_names
     from rpg_cli.store import VERL_VAL_SCORER as VERL_SCORER
 
     copied = fill.run(spec("dapo"))
-    fill.metrics(copied, {5: {"val-core/math_dapo/acc/mean@32": 0.2, "val-core/math_dapo/acc/best@32/mean": 0.9,
-                              "val-core/math_dapo/acc/maj@32/mean": 0.3, "val-aux/math_dapo/acc/std@32": 0.4},
-                          10: {"val-core/math_dapo/acc/mean@32": 0.1}})  # fmt: skip
+    fill.metrics(
+        copied,
+        {
+            5: {
+                "val-core/math_dapo/acc/mean@32": 0.2,
+                "val-core/math_dapo/acc/best@32/mean": 0.9,
+                "val-core/math_dapo/acc/maj@32/mean": 0.3,
+                "val-aux/math_dapo/acc/std@32": 0.4,
+            },
+            10: {"val-core/math_dapo/acc/mean@32": 0.1},
+        },
+    )
     with store.engine.connect() as conn:  # the ingestion copied them into evals, as `rpg eval` names the benchmark
         copies = conn.exec_driver_sql("SELECT step, benchmark, metric, k FROM evals WHERE scorer = ?", (VERL_SCORER,))
-        assert sorted(copies) == [(5, "aime24", "best@k/mean", 32), (5, "aime24", "maj@k/mean", 32),
-                                  (5, "aime24", "mean@k", 32), (5, "aime24", "std@k", 32),
-                                  (10, "aime24", "mean@k", 32)]  # fmt: skip
+        assert sorted(copies) == [
+            (5, "aime24", "best@k/mean", 32),
+            (5, "aime24", "maj@k/mean", 32),
+            (5, "aime24", "mean@k", 32),
+            (5, "aime24", "std@k", 32),
+            (10, "aime24", "mean@k", 32),
+        ]
     both = fill.run(spec("grpo"))
     fill.evals(both, "aime24", {10: 0.6}, scorer="dapo")
     fill.evals(both, "aime24", {10: 0.05}, metric="mean@k", scorer=VERL_SCORER)
@@ -469,8 +522,12 @@ def curves(fill):
         run_id = fill.run(spec(alg, kl, seed))
         rows = {}
         for step in range(1, 21):
-            rows[step] = {"critic/score/mean": step / 20 + 0.1 * seed, "actor/entropy": 1 - step / 40,
-                          "response_length/mean": 100 + step, "actor/ppo_kl": 0.01 * step}  # fmt: skip
+            rows[step] = {
+                "critic/score/mean": step / 20 + 0.1 * seed,
+                "actor/entropy": 1 - step / 40,
+                "response_length/mean": 100 + step,
+                "actor/ppo_kl": 0.01 * step,
+            }
             if alg != "dapo":
                 rows[step]["actor/kl_loss"] = 0.001 * step
             if step % 5 == 0:
@@ -540,8 +597,14 @@ def test_runs_summary_columns_and_where(store, fill):
 
     a = fill.run(spec("rpg", "ufkl", optimizer="schedule_free", clip=(0.1, 0.1)))
     b = fill.run(spec("grpo"))
-    fill.metrics(a, {1: {"critic/score/mean": 0.2}, 5: {"critic/score/mean": 0.4, "val-core/math_dapo/acc/mean@4": 0.5,
-                                                         "val-core/aime2025/acc/mean@4": 0.3}, 6: {"critic/score/mean": 0.45}})  # fmt: skip
+    fill.metrics(
+        a,
+        {
+            1: {"critic/score/mean": 0.2},
+            5: {"critic/score/mean": 0.4, "val-core/math_dapo/acc/mean@4": 0.5, "val-core/aime2025/acc/mean@4": 0.3},
+            6: {"critic/score/mean": 0.45},
+        },
+    )
     store.set_status(a, "running", at=datetime(2026, 1, 1, 10, 0, 0))
     store.set_status(a, "succeeded", at=datetime(2026, 1, 1, 11, 30, 0))
     rows = {r["id"]: r for r in report.runs_summary(store)}

@@ -167,8 +167,10 @@ def test_paired_and_unpaired_intervals_agree_in_expectation_when_problems_are_in
 
 def enumerate_p_improvement(a: np.ndarray, b: np.ndarray) -> float:
     """Every (B run, A run, problem) triple: 1 if B's accuracy is higher, 1/2 on a tie."""
-    wins = [1.0 if b[i, p] > a[j, p] else 0.5 if b[i, p] == a[j, p] else 0.0
-            for i, j, p in itertools.product(range(b.shape[0]), range(a.shape[0]), range(a.shape[1]))]  # fmt: skip
+    wins = [
+        1.0 if b[i, p] > a[j, p] else 0.5 if b[i, p] == a[j, p] else 0.0
+        for i, j, p in itertools.product(range(b.shape[0]), range(a.shape[0]), range(a.shape[1]))
+    ]
     return sum(wins) / len(wins)
 
 
@@ -405,7 +407,7 @@ def test_formatting():
                 Runs({"x": [[0.1]]}, problems={"x": ["p1"]}), Runs({"x": [[0.1]]}, problems={"x": ["p2"]}), "x"
             ),
             "different problems",
-        ),  # fmt: skip
+        ),
         (lambda: stats.curve_band([]), "no curves"),
         (lambda: stats.curve_band([([], [])]), "no points"),
         (lambda: stats.curve_band([([1, 2], [0.1])]), "2 steps but 1 values"),

@@ -319,8 +319,15 @@ def test_evals_and_samples_upsert_on_their_keys(store, tmp_path):
     p = plan(1, tmp_path)
     store.record_plan(p)
     protocol = {"n": 32, "temperature": 0.6, "top_p": 0.95, "max_tokens": 4096, "seed": 0}
-    key = {"run_id": p.id, "step": 400, "benchmark": "aime2025", "metric": "mean@32", "k": 32, "scorer": "answer",
-           **protocol}  # fmt: skip
+    key = {
+        "run_id": p.id,
+        "step": 400,
+        "benchmark": "aime2025",
+        "metric": "mean@32",
+        "k": 32,
+        "scorer": "answer",
+        **protocol,
+    }
     assert store.record_evals([{**key, "value": 0.25, "scorer_version": "1"}]) == 1
     store.record_evals(
         [
@@ -328,8 +335,16 @@ def test_evals_and_samples_upsert_on_their_keys(store, tmp_path):
             {**key, "metric": "pass@32", "value": 0.6, "scorer_version": "2"},
         ]
     )
-    sample = {"run_id": p.id, "step": 400, "benchmark": "aime2025", "problem": "3a5f", "sample_index": 0,
-              "scorer": "answer", "position": 3, **protocol}  # fmt: skip
+    sample = {
+        "run_id": p.id,
+        "step": 400,
+        "benchmark": "aime2025",
+        "problem": "3a5f",
+        "sample_index": 0,
+        "scorer": "answer",
+        "position": 3,
+        **protocol,
+    }
     store.record_samples([{**sample, "extracted": "17", "correct": False, "response_length": 900}])
     store.record_samples([{**sample, "extracted": "18", "correct": True, "response_length": 900}])
     with sqlite3.connect(store.engine.url.database) as con:
@@ -456,12 +471,17 @@ def test_a_database_written_before_schema_versions_opens_with_nothing_lost(tmp_p
         store = open_store(f"sqlite:///{db}", create=create)
         try:
             runs = {r.id: r for r in store.runs()}
-            assert {i: r.status for i, r in runs.items()} == {"v1run001": "succeeded", "v1run002": "failed",
-                                                               "v1run003": "running"}  # fmt: skip
+            assert {i: r.status for i, r in runs.items()} == {
+                "v1run001": "succeeded",
+                "v1run002": "failed",
+                "v1run003": "running",
+            }
             assert runs["v1run002"].error.endswith("ValueError: boom") and runs["v1run001"].spec["kl"] == "urkl"
             assert (runs["v1run001"].finished_at - runs["v1run001"].started_at).total_seconds() == 3600
-            assert store.latest("v1run003") == (4, {"critic/score/mean": 0.4, "actor/pg_loss": -4.0,
-                                                    "val-core/aime2025/acc/mean@32": 0.2})  # fmt: skip
+            assert store.latest("v1run003") == (
+                4,
+                {"critic/score/mean": 0.4, "actor/pg_loss": -4.0, "val-core/aime2025/acc/mean@32": 0.2},
+            )
             assert store.last_steps(runs) == dict.fromkeys(runs, 4)
             assert sorted(store.eval_values("v1run001", 4, "aime24", "dapo", ["mean@k", "pass@k"], v1)) == [
                 ("mean@k", 4, 0.25),
@@ -485,8 +505,10 @@ def test_a_database_written_before_schema_versions_opens_with_nothing_lost(tmp_p
         assert con.execute("SELECT DISTINCT n, temperature, top_p, max_tokens, seed FROM evals").fetchall() == [
             tuple(v1.values())
         ]
-        samples = con.execute("SELECT run_id, step, benchmark, position, sample_index, scorer, extracted, correct,"
-                              " response_length, problem, n FROM samples").fetchall()  # fmt: skip
+        samples = con.execute(
+            "SELECT run_id, step, benchmark, position, sample_index, scorer, extracted, correct,"
+            " response_length, problem, n FROM samples"
+        ).fetchall()
         assert sorted(r[:-2] for r in samples) == sorted(before["samples"])
         assert {(r[3], r[9], r[10]) for r in samples} == {(0, "position-0", 4), (1, "position-1", 4)}
         assert con.execute("SELECT sweep, run_id FROM sweep_runs ORDER BY run_id").fetchall() == [

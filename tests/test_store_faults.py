@@ -69,8 +69,12 @@ def test_a_corrupted_database_file_is_named_and_left_as_it_is(tmp_path, args):
 
 @pytest.mark.parametrize("args", [*READERS, ["eval", "some-run"], ["cancel", "some-run"]])
 def test_an_unknown_url_scheme_is_named(args):
-    one_line_failure([*args, "--db", "postgrez://me:secret@127.0.0.1/db"], "unknown database URL scheme 'postgrez'",
-                     "postgresql://", "me:***@")  # fmt: skip
+    one_line_failure(
+        [*args, "--db", "postgrez://me:secret@127.0.0.1/db"],
+        "unknown database URL scheme 'postgrez'",
+        "postgresql://",
+        "me:***@",
+    )
 
 
 @pytest.mark.parametrize("url", ["postgresql+pg8000://me@127.0.0.1/db", "mysql://me@127.0.0.1/db"])
@@ -97,13 +101,18 @@ NO_DRIVER = textwrap.dedent(
 
 
 def test_plain_postgresql_url_without_any_driver_says_what_to_install():
-    result = subprocess.run([sys.executable, "-c", NO_DRIVER, "runs", "--db", "postgresql://me@127.0.0.1/db"],
-                            capture_output=True, text=True, timeout=60)  # fmt: skip
+    result = subprocess.run(
+        [sys.executable, "-c", NO_DRIVER, "runs", "--db", "postgresql://me@127.0.0.1/db"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert result.returncode == 2 and "Traceback" not in result.stderr, result.stderr
     (message,) = result.stderr.strip().splitlines()
     assert message.startswith("rpg runs: the database driver for postgresql (psycopg")  # SQLAlchemy's default
-    assert message.endswith("is not installed; pip install 'psycopg[binary]', or name the driver in the URL "
-                            "(postgresql+DRIVER://...)")  # fmt: skip
+    assert message.endswith(
+        "is not installed; pip install 'psycopg[binary]', or name the driver in the URL (postgresql+DRIVER://...)"
+    )
 
 
 # -------------------------------------------------------------------------------------------- read-only
@@ -142,11 +151,36 @@ def test_a_read_only_database_is_read_and_left_as_it_is(tmp_path):
     home.mkdir()
     db = f"sqlite:///{home / 'results.db'}"
     store = open_store(db)  # as rpg writes it: WAL mode
-    store.record_plan(RunPlan("ro-run-1", "ro-run", "sw", "local", {"algorithm": "grpo", "seed": 0},
-                              tmp_path / "runs" / "ro-run", ["true"]))  # fmt: skip
-    store.record_evals([{"run_id": "ro-run-1", "step": 5, "benchmark": "aime24", "metric": "mean@k", "k": 4,
-                         "scorer": "dapo", "value": 0.375, "scorer_version": "1", "n": 4, "temperature": 1.0,
-                         "top_p": 1.0, "max_tokens": 64, "seed": 0}])  # fmt: skip
+    store.record_plan(
+        RunPlan(
+            "ro-run-1",
+            "ro-run",
+            "sw",
+            "local",
+            {"algorithm": "grpo", "seed": 0},
+            tmp_path / "runs" / "ro-run",
+            ["true"],
+        )
+    )
+    store.record_evals(
+        [
+            {
+                "run_id": "ro-run-1",
+                "step": 5,
+                "benchmark": "aime24",
+                "metric": "mean@k",
+                "k": 4,
+                "scorer": "dapo",
+                "value": 0.375,
+                "scorer_version": "1",
+                "n": 4,
+                "temperature": 1.0,
+                "top_p": 1.0,
+                "max_tokens": 64,
+                "seed": 0,
+            }
+        ]
+    )
     store.close()
     before = files_in(home)
     assert list(before) == ["results.db"]  # closed cleanly: no -wal, no -shm

@@ -205,9 +205,14 @@ def test_shorthand_and_one_line_errors_of_the_trackers_field(tmp_path):
 
 def test_group_is_the_cell_and_tags_are_the_axes_the_sweep_varies(tmp_path, monkeypatch):
     monkeypatch.setattr("rpg_cli.trackers.missing", lambda trackers: None)
-    sweep = SweepSpec.model_validate({
-        "name": "bands", "base": {**load_sweep(EXPERIMENTS / "smoke.yaml").base, "trackers": {"tensorboard": {}, "tags": ["mine"]}},
-        "grid": {"algorithm": ["rpg", "rpg_reinforce"], "kl": ["fkl", "urkl"], "lr": [1e-4, 5e-4]}, "seeds": [0, 1, 2]})  # fmt: skip
+    sweep = SweepSpec.model_validate(
+        {
+            "name": "bands",
+            "base": {**load_sweep(EXPERIMENTS / "smoke.yaml").base, "trackers": {"tensorboard": {}, "tags": ["mine"]}},
+            "grid": {"algorithm": ["rpg", "rpg_reinforce"], "kl": ["fkl", "urkl"], "lr": [1e-4, 5e-4]},
+            "seeds": [0, 1, 2],
+        }
+    )
     plans = plan_sweep(sweep, tmp_path / "runs")
     assert len(plans) == 24
     groups: dict[str, set[int]] = {}
@@ -377,15 +382,38 @@ def tracked_toy_run(tmp_path_factory):
         )  # what it learns is no matter here
         assert CliRunner().invoke(app, ["prepare-data", "--toy", "--out", str(root / "data")]).exit_code == 0
         toy = root / "data" / "toy"
-        sweep = SweepSpec.model_validate({"name": "toy", "base": {
-            "algorithm": "rpg", "kl": "urkl", "beta": 1e-3, "clip": {"eps_low": 0.2, "eps_high": 0.28},
-            "optimizer": "adamw", "context": "2k", "model": str(toy / "model"),
-            "data": {"train_files": [str(toy / "train.parquet")], "val_files": [str(toy / "val.parquet")]},
-            "train_batch_size": 4, "rollout_n": 4, "ppo_mini_batch_size": 4, "lr": 5e-4, "steps": 3, "seed": 0,
-            "val": {"n": 2, "every": 2}, "rollout": {"engine": "hf"}, "save_every": 3, "backend": "local",
-            "resources": {"gpus_per_node": 0, "cpus": 1},
-            "trackers": {"project": "rpg-toy", "wandb": {"mode": "offline"}, "tensorboard": {},
-                         "mlflow": {"tracking_uri": f"file:{root / 'mlruns'}"}}}})  # fmt: skip
+        sweep = SweepSpec.model_validate(
+            {
+                "name": "toy",
+                "base": {
+                    "algorithm": "rpg",
+                    "kl": "urkl",
+                    "beta": 1e-3,
+                    "clip": {"eps_low": 0.2, "eps_high": 0.28},
+                    "optimizer": "adamw",
+                    "context": "2k",
+                    "model": str(toy / "model"),
+                    "data": {"train_files": [str(toy / "train.parquet")], "val_files": [str(toy / "val.parquet")]},
+                    "train_batch_size": 4,
+                    "rollout_n": 4,
+                    "ppo_mini_batch_size": 4,
+                    "lr": 5e-4,
+                    "steps": 3,
+                    "seed": 0,
+                    "val": {"n": 2, "every": 2},
+                    "rollout": {"engine": "hf"},
+                    "save_every": 3,
+                    "backend": "local",
+                    "resources": {"gpus_per_node": 0, "cpus": 1},
+                    "trackers": {
+                        "project": "rpg-toy",
+                        "wandb": {"mode": "offline"},
+                        "tensorboard": {},
+                        "mlflow": {"tracking_uri": f"file:{root / 'mlruns'}"},
+                    },
+                },
+            }
+        )
         (plan,) = plan_sweep(sweep, root / "runs")
         spec_path = write_spec(plan.run_dir, plan.spec)
         assert run_trainer(str(spec_path)) == 0
@@ -454,10 +482,27 @@ def synthetic_store(root: Path) -> tuple[str, list]:
         ]
         (p.run_dir / "metrics.jsonl").write_text("".join(json.dumps(line) + "\n" for line in lines))
         store.ingest_metrics(p.id, p.run_dir / "metrics.jsonl")
-        store.record_evals([{"run_id": p.id, "step": s, "benchmark": "aime25", "metric": m, "k": k, "scorer": "dapo",
-                             "value": v + i / 100, "scorer_version": "1", "n": 8, "temperature": 1.0, "top_p": 1.0,
-                             "max_tokens": 64, "seed": 0}
-                            for s in (2, 3) for m, k, v in (("mean@k", 8, 0.25 * s), ("pass@k", 1, 0.1 * s))])  # fmt: skip
+        store.record_evals(
+            [
+                {
+                    "run_id": p.id,
+                    "step": s,
+                    "benchmark": "aime25",
+                    "metric": m,
+                    "k": k,
+                    "scorer": "dapo",
+                    "value": v + i / 100,
+                    "scorer_version": "1",
+                    "n": 8,
+                    "temperature": 1.0,
+                    "top_p": 1.0,
+                    "max_tokens": 64,
+                    "seed": 0,
+                }
+                for s in (2, 3)
+                for m, k, v in (("mean@k", 8, 0.25 * s), ("pass@k", 1, 0.1 * s))
+            ]
+        )
     store.close()
     return db, plans
 
@@ -473,10 +518,19 @@ def export_twice(args: list[str]) -> list[str]:
 
 def expected_steps(plan_index: int) -> dict[int, dict[str, float]]:
     i = plan_index
-    return {s: {"actor/pg_loss": i + s / 8, "val-core/toy_add/acc/mean@8": s / 4,
-                "critic/score/mean": float("nan") if s == 1 else s / 2,
-                **({"eval/aime25/dapo/mean@8": 0.25 * s + i / 100, "eval/aime25/dapo/pass@1": 0.1 * s + i / 100}
-                   if s >= 2 else {})} for s in range(4)}  # fmt: skip
+    return {
+        s: {
+            "actor/pg_loss": i + s / 8,
+            "val-core/toy_add/acc/mean@8": s / 4,
+            "critic/score/mean": float("nan") if s == 1 else s / 2,
+            **(
+                {"eval/aime25/dapo/mean@8": 0.25 * s + i / 100, "eval/aime25/dapo/pass@1": 0.1 * s + i / 100}
+                if s >= 2
+                else {}
+            ),
+        }
+        for s in range(4)
+    }
 
 
 def same(got: dict, want: dict) -> bool:
@@ -512,10 +566,25 @@ def test_export_carries_the_interval_of_an_evaluation_whose_samples_are_stored(t
     correct = [[1, 1, 0, 1, 1, 1, 0, 1], [0] * 8, [1] * 8, [1, 0] * 4]  # 4 problems x 8 samples
     protocol = {"n": 8, "temperature": 1.0, "top_p": 1.0, "max_tokens": 64, "seed": 0}
     store = open_store(db)
-    store.record_samples([{"run_id": plans[0].id, "step": 3, "benchmark": "aime25", "problem": f"p{i}",
-                           "sample_index": j, "scorer": "dapo", **protocol, "position": i, "extracted": "1",
-                           "correct": bool(c), "response_length": 5}
-                          for i, row in enumerate(correct) for j, c in enumerate(row)])  # fmt: skip
+    store.record_samples(
+        [
+            {
+                "run_id": plans[0].id,
+                "step": 3,
+                "benchmark": "aime25",
+                "problem": f"p{i}",
+                "sample_index": j,
+                "scorer": "dapo",
+                **protocol,
+                "position": i,
+                "extracted": "1",
+                "correct": bool(c),
+                "response_length": 5,
+            }
+            for i, row in enumerate(correct)
+            for j, c in enumerate(row)
+        ]
+    )
     store.close()
     export_twice(["--to", "tensorboard", "--sweep", "sw", "--db", db, "--dir", str(tmp_path / "tb")])
     want = stats.score(stats.Runs({"b": np.array([[sum(row) / 8 for row in correct]])}), "b")

@@ -57,8 +57,10 @@ def pick_engine(engine: str) -> str:
         return "hf"
     if engine == "vllm":
         if importlib.util.find_spec("vllm") is None:
-            raise EvalError("--engine vllm: vLLM is not installed; install the extra (pip install 'rpg-cli[vllm]') "
-                            "or use --engine hf")  # fmt: skip
+            raise EvalError(
+                "--engine vllm: vLLM is not installed; install the extra (pip install 'rpg-cli[vllm]') "
+                "or use --engine hf"
+            )
         return "vllm"
     return "vllm" if vllm_usable() else "hf"
 
@@ -69,8 +71,9 @@ def load_generator(model_dir: Path, engine: str) -> Generator:
         return VLLMGenerator(model_dir) if engine == "vllm" else HFGenerator(model_dir)
     except (OSError, ValueError) as e:
         first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-        raise EvalError(f"cannot load the model in {model_dir} ({first}); it must be an HF causal-LM directory "
-                        "with its tokenizer") from None  # fmt: skip
+        raise EvalError(
+            f"cannot load the model in {model_dir} ({first}); it must be an HF causal-LM directory with its tokenizer"
+        ) from None
 
 
 class HFGenerator:
@@ -108,9 +111,18 @@ class HFGenerator:
             if self.max_positions:
                 budget = max(1, min(budget, self.max_positions - len(ids)))
             torch.manual_seed(seed)
-            rollouts = sample(self.model, self.tokenizer, [Prompt(ids, problem.ground_truth, problem.data_source)],
-                              sampling.k, temperature=sampling.temperature, top_p=sampling.top_p,
-                              max_new_tokens=budget, eos_ids=self.eos_ids, device=self.device, chunk=self.chunk)  # fmt: skip
+            rollouts = sample(
+                self.model,
+                self.tokenizer,
+                [Prompt(ids, problem.ground_truth, problem.data_source)],
+                sampling.k,
+                temperature=sampling.temperature,
+                top_p=sampling.top_p,
+                max_new_tokens=budget,
+                eos_ids=self.eos_ids,
+                device=self.device,
+                chunk=self.chunk,
+            )
             lengths = rollouts.response_mask.sum(-1).tolist()
             out.append([Response(text, int(n)) for text, n in zip(rollouts.texts, lengths)])
         return out
@@ -130,8 +142,12 @@ class VLLMGenerator:
         import torch
         from vllm import LLM
 
-        self.llm = LLM(model=str(model_dir), tensor_parallel_size=max(1, torch.cuda.device_count()),
-                       gpu_memory_utilization=gpu_memory_utilization, enable_prefix_caching=True)  # fmt: skip
+        self.llm = LLM(
+            model=str(model_dir),
+            tensor_parallel_size=max(1, torch.cuda.device_count()),
+            gpu_memory_utilization=gpu_memory_utilization,
+            enable_prefix_caching=True,
+        )
         self.tokenizer = self.llm.get_tokenizer()
         self.max_model_len = getattr(getattr(self.llm.llm_engine, "model_config", None), "max_model_len", None)
 
@@ -147,8 +163,11 @@ class VLLMGenerator:
             if self.max_model_len:
                 budget = max(1, min(budget, self.max_model_len - len(ids)))
             prompts.append({"prompt_token_ids": ids})
-            params.append(SamplingParams(n=sampling.k, temperature=sampling.temperature, top_p=sampling.top_p,
-                                         max_tokens=budget, seed=seed))  # fmt: skip
+            params.append(
+                SamplingParams(
+                    n=sampling.k, temperature=sampling.temperature, top_p=sampling.top_p, max_tokens=budget, seed=seed
+                )
+            )
         outputs = self.llm.generate(prompts, params, use_tqdm=False)
         return [[Response(o.text, len(o.token_ids)) for o in out.outputs] for out in outputs]
 

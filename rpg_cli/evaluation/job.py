@@ -109,8 +109,15 @@ def submit_eval(
             return EvalJob(client, submission_id, attached=True)
         attempt += 1
         submission_id = f"{base}-{attempt}"
-    submit(client, argv, submission_id, num_cpus=num_cpus, num_gpus=num_gpus, env=job_env(options),
-           metadata={"rpg_eval": options.ref})  # fmt: skip
+    submit(
+        client,
+        argv,
+        submission_id,
+        num_cpus=num_cpus,
+        num_gpus=num_gpus,
+        env=job_env(options),
+        metadata={"rpg_eval": options.ref},
+    )
     return EvalJob(client, submission_id, attached=False)
 
 

@@ -256,8 +256,10 @@ def reconcile(
     try:
         client = connect(address, runs_dir, start=False)
         if client is None:
-            return Reconciled(everyone, f"no Ray cluster to ask: no local head runs in {runs_dir}/ray "
-                                        "(pass --address for a remote cluster)")  # fmt: skip
+            return Reconciled(
+                everyone,
+                f"no Ray cluster to ask: no local head runs in {runs_dir}/ray (pass --address for a remote cluster)",
+            )
         jobs = ray_jobs(client)
     except (ClusterError, OSError) as exc:
         return Reconciled(everyone, f"the Ray cluster did not answer ({one_line(exc)})")

@@ -97,8 +97,10 @@ def with_intervals(evals: list[Mapping[str, Any]], problems: Iterable[Any]) -> l
         if accuracy is None or len(accuracy) < 2:
             continue
         interval = stats.score(stats.Runs({"b": np.array([accuracy])}), "b")
-        out += [{**row, "metric": f"{row['metric']}/ci_{side}", "value": value}
-                for side, value in (("low", interval.low), ("high", interval.high))]  # fmt: skip
+        out += [
+            {**row, "metric": f"{row['metric']}/ci_{side}", "value": value}
+            for side, value in (("low", interval.low), ("high", interval.high))
+        ]
     return out
 
 

@@ -74,10 +74,19 @@ class WandbWriter:
         extra = wandb.Settings(silent=True, console="off", x_disable_stats=True) if quiet else None
         try:
             self.run = wandb.init(
-                id=wandb_run_id(info.run_id), resume="allow", project=info.trackers.project, entity=settings.entity,
-                group=info.trackers.group, job_type=info.sweep, tags=list(info.trackers.tags), name=info.name,
-                config=info.config, dir=str(root_dir), mode=settings.mode, settings=extra,
-            )  # fmt: skip
+                id=wandb_run_id(info.run_id),
+                resume="allow",
+                project=info.trackers.project,
+                entity=settings.entity,
+                group=info.trackers.group,
+                job_type=info.sweep,
+                tags=list(info.trackers.tags),
+                name=info.name,
+                config=info.config,
+                dir=str(root_dir),
+                mode=settings.mode,
+                settings=extra,
+            )
         except Exception as e:  # wandb raises many kinds (UsageError, CommError, ...): all mean "cannot start"
             raise TrackerError(
                 f"trackers.wandb: cannot start the W&B run ({_first_line(e)}); "
