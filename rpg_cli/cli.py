@@ -918,6 +918,7 @@ def runs_command(
       rpg runs --status failed --wide
     """
     from rpg_cli.report import ReportError, runs_summary, summary_csv, wall_text
+    from rpg_cli.report.summary import SUMMARY_FIELDS, TABLE_TITLES
     from rpg_cli.states import STATUSES
     from rpg_cli.store import DEFAULT_DB_URL, EmptyStoreError, NoStoreError, StoreError, open_store
 
@@ -953,24 +954,13 @@ def runs_command(
     from rich.table import Table
 
     table = Table(title=f"runs of {sweep_name}" if sweep_name else "runs")
-    numeric = ("seed", "attempts", "step", "reward", "val acc", "wall")
-    for column in (
-        "sweep",
-        "name",
-        "id",
-        "seed",
-        "status",
-        "attempts",
-        "step",
-        "reward",
-        "val acc",
-        "wall",
-        "started (UTC)",
-        "error",
-    ):
-        table.add_column(
-            column, justify="right" if column in numeric else "left", no_wrap=column not in ("name", "error")
-        )
+    for field in SUMMARY_FIELDS:
+        if field != "finished":
+            table.add_column(
+                TABLE_TITLES.get(field, field),
+                justify="right" if field in ("seed", "attempts", "step", "reward", "val", "wall_s") else "left",
+                no_wrap=field not in ("name", "error"),
+            )
     cut = 0
     for r in rows:
         error = _error_line(r["error"], width=None if wide else 60)

@@ -18,6 +18,10 @@ from rpg_cli.states import LIVE
 if TYPE_CHECKING:
     from rpg_cli.store import Store
 
+# A row of `rpg runs` (its CSV and JSON), in order; the table shows all but `finished`, some retitled.
+SUMMARY_FIELDS = tuple("sweep name id seed status attempts step reward val wall_s started finished error".split())
+TABLE_TITLES = {"val": "val acc", "wall_s": "wall", "started": "started (UTC)"}
+
 
 def parse_where(clauses: Sequence[str]) -> list[tuple[str, bool, list[str]]]:
     """`field=value[,value...]` or `field!=value[,...]` (dotted paths reach nested fields: clip.eps_low)
@@ -117,26 +121,7 @@ def runs_summary(
 
 def summary_csv(rows: Sequence[dict[str, Any]]) -> str:
     buf = io.StringIO()
-    fields = (
-        list(rows[0])
-        if rows
-        else [
-            "sweep",
-            "name",
-            "id",
-            "seed",
-            "status",
-            "attempts",
-            "step",
-            "reward",
-            "val",
-            "wall_s",
-            "started",
-            "finished",
-            "error",
-        ]
-    )
-    writer = csv.DictWriter(buf, fieldnames=fields, lineterminator="\n")
+    writer = csv.DictWriter(buf, fieldnames=SUMMARY_FIELDS, lineterminator="\n")
     writer.writeheader()
     for row in rows:
         writer.writerow({k: "" if v is None else v for k, v in row.items()})
