@@ -296,7 +296,7 @@ def test_killed_driver_loses_nothing_and_resubmits_nothing(cluster, tmp_path):
 def test_watch_sweep_renders_progress_and_exits_by_outcome(cluster, tmp_path, capsys):
     import typer
 
-    from rpg_cli.cli import _watch_sweep
+    from rpg_cli.cli.sweep import _watch_sweep
 
     db = f"sqlite:///{tmp_path / 'results.db'}"
     plans = [make_plan(cluster, "s4", "fine", steps=2), make_plan(cluster, "s4", "doomed", steps=1, mode="fail")]

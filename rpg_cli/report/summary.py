@@ -19,7 +19,21 @@ if TYPE_CHECKING:
     from rpg_cli.store import Store
 
 # A row of `rpg runs` (its CSV and JSON), in order; the table shows all but `finished`, some retitled.
-SUMMARY_FIELDS = tuple("sweep name id seed status attempts step reward val wall_s started finished error".split())
+SUMMARY_FIELDS = (
+    "sweep",
+    "name",
+    "id",
+    "seed",
+    "status",
+    "attempts",
+    "step",
+    "reward",
+    "val",
+    "wall_s",
+    "started",
+    "finished",
+    "error",
+)
 TABLE_TITLES = {"val": "val acc", "wall_s": "wall", "started": "started (UTC)"}
 
 

@@ -1,0 +1,20 @@
+"""The `rpg` command line: parse, call one function, render. No logic lives here.
+
+Heavy packages (torch, ray, verl, transformers, SQLAlchemy) are imported inside the commands that need
+them, so that `rpg --help` and `rpg sweep --dry-run` answer at once.
+
+    common    the app, the command decorator, one-line messages, the store opener, reconciliation
+    data      prepare-data          sweep     sweep (plan, submit, live view)
+    evaluate  eval                  report    report, compare
+    runs      runs, logs, cancel, stop        export    export
+"""
+
+# isort: skip_file
+from __future__ import annotations
+
+from rpg_cli.cli.common import app
+
+# each module registers its commands on `app`: imported in the order `rpg --help` lists them
+from rpg_cli.cli import data, sweep, evaluate, report, runs, export  # noqa: F401
+
+__all__ = ["app"]

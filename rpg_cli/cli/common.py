@@ -1,0 +1,147 @@
+"""What every command shares: the typer app, the command decorator (help that wraps, one-line errors
+for files that cannot be written), one-line messages with passwords masked, the console, the store
+opener, and the reconciliation with Ray before state is shown."""
+
+from __future__ import annotations
+
+import functools
+import inspect
+
+import typer
+
+from rpg_cli.store.url import DB_ENVVAR
+
+app = typer.Typer(
+    name="rpg",
+    help=(
+        "Run, evaluate and compare KL-regularized policy-gradient algorithms for LLM reasoning "
+        "(RPG, arXiv 2505.17508).\n\n"
+        "prepare-data -> sweep -> eval -> report: raw sources become verl parquet, a grid of typed "
+        "specs becomes one Ray job per run, checkpoints are scored with accuracy@k, and the results "
+        "store prints the paper's Last/Best tables."
+    ),
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+)
+
+
+def rpg_command(name: str | None = None):
+    """`app.command`, with the docstring as help that wraps to the terminal: each paragraph becomes
+    one line (rich wraps it), indented blocks (the examples) stay line by line. A file the command
+    cannot write or read (read-only, full disk, no permission) ends it with one line naming the path
+    and the fix, exit 2."""
+
+    def register(function):
+        paragraphs = inspect.cleandoc(function.__doc__ or "").split("\n\n")
+        text = "\n\n".join(p if p.startswith(" ") else " ".join(p.split()) for p in paragraphs)
+
+        @functools.wraps(function)
+        def command(*args, **kwargs):
+            from rpg_cli.rundir import known_failure, os_error_line
+
+            try:
+                return function(*args, **kwargs)
+            except OSError as e:
+                fail(name or function.__name__, OSError(os_error_line(e)))
+            except Exception as e:  # a full disk met by a library that does not raise OSError (torch.save, safetensors)
+                if isinstance(e, typer.Exit) or not (line := known_failure(f"{type(e).__name__}: {e}")):
+                    raise
+                fail(name or function.__name__, RuntimeError(line))
+
+        return app.command(name, help=text)(command)
+
+    return register
+
+
+DB_HELP = "Results store: a SQLAlchemy URL or a SQLite file path; default: $RPG_DB, else sqlite:///runs/results.db."
+ADDRESS_HELP = (
+    "Ray cluster (dashboard URL or head address); default: $RAY_ADDRESS, else the local head under --runs-dir."
+)
+RUNS_DIR_HELP = "Root of the run directories; the local Ray head keeps its files in PATH/ray."
+
+
+def db_option():
+    """`--db URL`: the results store, from $RPG_DB where not given (the default store when neither is)."""
+    return typer.Option(None, "--db", metavar="URL", envvar=DB_ENVVAR, show_envvar=False, help=DB_HELP)
+
+
+def address_option():
+    return typer.Option(None, "--address", metavar="ADDRESS", help=ADDRESS_HELP)
+
+
+def runs_dir_option():
+    return typer.Option("runs", "--runs-dir", metavar="PATH", help=RUNS_DIR_HELP)
+
+
+_STATUS_STYLE = {
+    "pending": "dim",
+    "submitted": "cyan",
+    "running": "blue",
+    "succeeded": "green",
+    "failed": "red",
+    "stopped": "yellow",
+}
+
+
+def fail(command: str, error: Exception, code: int = 2) -> None:
+    warn(command, str(error))
+    raise typer.Exit(code)
+
+
+def warn(command: str, message: str) -> None:
+    """One line on stderr, passwords in URLs masked (every message rpg prints goes through here or `_say`)."""
+    from rpg_cli.store.url import redact
+
+    typer.echo(redact(f"rpg {command}: {message}"), err=True)
+
+
+def make_console():
+    import sys
+
+    from rich.console import Console
+
+    return Console(width=None if sys.stdout.isatty() else 200)  # pipes get whole rows
+
+
+def existing_store(command: str, db: str | None):
+    """The existing results store, closed on exit; `rpg COMMAND: ...` (exit 2) when there is none."""
+    import contextlib
+
+    from rpg_cli.store import DEFAULT_DB_URL, StoreError, open_store
+
+    try:
+        store = open_store(db or DEFAULT_DB_URL, create=False)
+    except StoreError as e:
+        fail(command, e)
+    return contextlib.closing(store)
+
+
+def status_text(status: str) -> str:
+    return f"[{_STATUS_STYLE.get(status, '')}]{status}[/]"
+
+
+def error_line(error: str | None, width: int | None = 60) -> str:
+    """The failure reason on one line: its last line, cut to `width` characters (None: whole)."""
+    from rpg_cli.rundir import last_lines
+
+    line = last_lines(error or "")
+    return line[: width - 1] + "…" if width is not None and len(line) > width else line
+
+
+def reconcile_shown(
+    command: str, store, runs: list, address: str | None, runs_dir: str, quiet: bool = False
+) -> frozenset:
+    """Bring the live ones among `runs` up to what Ray knows before showing them; the ids of those it
+    could not check (shown as stored, possibly stale), with one line saying why unless `quiet`."""
+    from pathlib import Path
+
+    from rpg_cli.orchestration.sweep import reconcile
+
+    result = reconcile(store, runs, address=address, runs_dir=Path(runs_dir))
+    if result.unconfirmed and not quiet:
+        warn(
+            command,
+            f"{len(result.unconfirmed)} live run(s) shown as last recorded, possibly stale (marked ?): {result.why}",
+        )
+    return result.unconfirmed

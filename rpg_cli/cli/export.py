@@ -1,0 +1,87 @@
+"""`rpg export`: stored runs to W&B, TensorBoard or MLflow."""
+
+from __future__ import annotations
+
+import typer
+
+from rpg_cli.cli.common import app, db_option, fail, rpg_command
+
+
+@rpg_command("export")
+def export_command(
+    to: str = typer.Option(..., "--to", metavar="wandb|tensorboard|mlflow", help="The tracker to push to."),
+    sweep_name: str = typer.Option(
+        None, "--sweep", metavar="NAME", help="Only this sweep's runs (default: every run in the store)."
+    ),
+    db: str = db_option(),
+    project: str = typer.Option(
+        None, "--project", help="W&B project / MLflow experiment (default: the run's trackers.project, else rpg)."
+    ),
+    directory: str = typer.Option(
+        None,
+        "--dir",
+        metavar="DIR",
+        help="TensorBoard log root (default: runs/tensorboard); W&B writes its files under DIR/wandb/ (default: runs/wandb/).",
+    ),
+    tracking_uri: str = typer.Option(
+        None,
+        "--tracking-uri",
+        metavar="URI",
+        help="MLflow tracking URI (default: $MLFLOW_TRACKING_URI, else sqlite:///runs/mlflow.db). Credentials go in MLFLOW_TRACKING_USERNAME/PASSWORD or _TOKEN.",
+    ),
+    entity: str = typer.Option(None, "--entity", help="W&B entity (default: $WANDB_ENTITY, else your default entity)."),
+    offline: bool = typer.Option(
+        False, "--offline", help="W&B offline: write run files to upload later with `wandb sync`."
+    ),
+) -> None:
+    """Push what the results store holds to W&B, TensorBoard or MLflow, for runs not tracked live.
+
+    Metrics go at their steps, evals at their checkpoints' steps, the spec as config. Runs are grouped
+    by cell (seeds band together) and tagged with the sweep and its varying fields, as live runs are.
+    Exporting again adds only what is new: no duplicate runs or steps.
+
+    Examples:
+
+      # the smoke sweep as TensorBoard event files under runs/tensorboard/
+      rpg export --to tensorboard --sweep smoke
+
+      # every run to W&B, offline (upload later with `wandb sync`)
+      rpg export --to wandb --offline
+
+      # a team's MLflow server
+      rpg export --to mlflow --tracking-uri http://mlflow.internal:5000
+    """
+    from pathlib import Path
+
+    from rpg_cli.store import DEFAULT_DB_URL, StoreError, open_store
+    from rpg_cli.trackers import TrackerError
+    from rpg_cli.trackers.export import ExportOptions, export
+
+    options = ExportOptions(
+        project=project,
+        directory=Path(directory) if directory else None,
+        tracking_uri=tracking_uri,
+        entity=entity,
+        offline=offline,
+    )
+    try:
+        store = open_store(db or DEFAULT_DB_URL, create=False)
+    except StoreError as e:
+        fail("export", e)
+    try:
+        done = export(
+            store,
+            to,
+            sweep_name,
+            options,
+            on_run=lambda r: typer.echo(f"{r.sweep}/{r.name}: {r.steps} steps -> {r.where}"),
+        )
+    except (TrackerError, StoreError) as e:
+        fail("export", e)
+    finally:
+        store.close()
+    typer.echo(f"exported {sum(r.steps > 0 for r in done)} of {len(done)} run(s) to {to}")
+
+
+if __name__ == "__main__":  # pragma: no cover
+    app()

@@ -1,0 +1,270 @@
+"""`rpg report` and `rpg compare`: the paper's tables with intervals, plots, and B - A with a verdict."""
+
+from __future__ import annotations
+
+import typer
+
+from rpg_cli.cli.common import (
+    address_option,
+    db_option,
+    existing_store,
+    fail,
+    make_console,
+    reconcile_shown,
+    rpg_command,
+    runs_dir_option,
+)
+
+
+@rpg_command()
+def report(
+    table: bool = typer.Option(
+        False, "--table", metavar="", help="The Last/Best table (the default when neither --table nor --plot is given)."
+    ),
+    plot: bool = typer.Option(
+        False,
+        "--plot",
+        metavar="",
+        help="Training-dynamics figures (PNG and SVG), one panel per metric, one line per run.",
+    ),
+    sweep_name: str = typer.Option(
+        None, "--sweep", metavar="NAME", help="Only this sweep's runs (default: every run in the store)."
+    ),
+    metric: str = typer.Option(
+        "mean@k",
+        "--metric",
+        metavar="METRIC",
+        help="Score to tabulate: mean@K, pass@K or maj@K; K=k takes the largest k scored.",
+    ),
+    benchmarks: str = typer.Option(
+        None,
+        "--benchmarks",
+        metavar="B[,B]",
+        help="Columns to show, e.g. aime24,aime25 (default: every benchmark scored).",
+    ),
+    output_format: str = typer.Option(
+        None,
+        "--format",
+        metavar="FORMAT",
+        help="Table format: table, markdown, latex, csv or json (default: from --output's suffix .md/.tex/.csv/.json, else a terminal table).",
+    ),
+    output: str = typer.Option(
+        None,
+        "--output",
+        "-o",
+        metavar="FILE|DIR",
+        help="--table: write to FILE instead of printing. --plot: directory of the figures (default runs/plots).",
+    ),
+    compare_paper: bool = typer.Option(
+        False,
+        "--compare-paper",
+        metavar="",
+        help="Add the paper's Best (test-selected: the maximum over test evaluations) and put the paper's published numbers and the difference beside Last and that Best.",
+    ),
+    select_on: str = typer.Option(
+        None,
+        "--select-on",
+        metavar="BENCHMARK",
+        help="Held-out benchmark that picks each run's step for Best (val-selected), reported on the test benchmarks at that step; it is then not a test column. Default: none (no Best (val-selected) column).",
+    ),
+    scorer: str = typer.Option(
+        None,
+        "--scorer",
+        metavar="SCORER",
+        help="`rpg eval` scorer whose scores to show (default: the one with the most scores).",
+    ),
+    per_seed: bool = typer.Option(
+        False,
+        "--per-seed",
+        metavar="",
+        help="--plot: also draw each seed's run as a thin line under its method's mean and band.",
+    ),
+    metrics: str = typer.Option(
+        None,
+        "--metrics",
+        metavar="M[,M]",
+        help="--plot panels: reward, entropy, response_length, kl, reference_kl, reference_age, val (one per benchmark), or any logged key. Default: those of these that were logged.",
+    ),
+    smooth: int = typer.Option(1, "--smooth", min=1, metavar="N", help="--plot: moving average over N logged steps."),
+    db: str = db_option(),
+    address: str = address_option(),
+    runs_dir: str = runs_dir_option(),
+) -> None:
+    """Print the paper's Last/Best tables, with 95% confidence intervals, and training curves with bands.
+
+    Rows are methods named as in the paper (optimizer, clip... added where runs of one method differ),
+    grouped by model, context and sampling protocol (scores drawn differently never share a cell).
+    Columns per benchmark: Last (the final evaluated step); Best (val-selected) with --select-on; Best
+    (test-selected, the paper's, biased upward) with --compare-paper. Each cell is the mean over seeds in
+    percent, ± half its 95% confidence interval: a bootstrap over seeds and problems when `rpg eval`
+    stored the samples, over seeds only from logged validation means. The footer says which, with the
+    seeds, problems and sampling settings. Best of each column bold, second underlined.
+
+    Examples:
+
+      rpg report --table --sweep smoke-seeds
+      rpg report --table --select-on aime25 --format markdown
+      rpg report --table --sweep paper-qwen3-4b --compare-paper -o table.tex
+      rpg report --plot --metrics reward,val --per-seed --smooth 5
+    """
+    from pathlib import Path
+
+    from rpg_cli import report as rp
+    from rpg_cli.rundir import write_atomic
+    from rpg_cli.store import StoreError
+
+    formats = ("table", *rp.RENDERERS)
+    if output_format is not None and output_format not in formats:
+        fail("report", ValueError(f"unknown --format {output_format!r}; allowed: {', '.join(formats)}"))
+    if table and plot and output:
+        fail(
+            "report",
+            ValueError("--output names the table file or the plots directory: use it with --table or --plot, not both"),
+        )
+    with existing_store("report", db) as store:
+        try:
+            reconcile_shown(
+                "report", store, store.runs(sweep=sweep_name), address, runs_dir
+            )  # runs that ended unwatched
+            if table or not plot:
+                fmt = output_format or (
+                    rp.FORMAT_BY_SUFFIX.get(Path(output).suffix.lower(), "table") if output else "table"
+                )
+                wanted = [b.strip() for b in benchmarks.split(",") if b.strip()] if benchmarks else None
+                built = rp.build_table(store, sweep_name, metric, wanted, compare_paper, select_on, scorer)
+                text = rp.RENDERERS[fmt](built) if fmt != "table" else _render_report_table(built, to_text=bool(output))
+                if output:
+                    typer.echo(f"wrote {write_atomic(output, text)}")
+                elif text:
+                    typer.echo(text, nl=False)
+            if plot:
+                names = (
+                    [m.strip() for m in metrics.split(",") if m.strip()] if metrics else list(rp.DEFAULT_PLOT_METRICS)
+                )
+                fig = rp.plot_training(store, sweep_name, names, smooth, strict=metrics is not None, per_seed=per_seed)
+                for path in rp.save_figure(fig, output or "runs/plots", f"training-{sweep_name or 'all'}"):
+                    typer.echo(f"wrote {path}")
+        except (rp.ReportError, StoreError) as e:
+            fail("report", e)
+
+
+@rpg_command()
+def compare(
+    a: str = typer.Argument(
+        ...,
+        metavar="A",
+        help="The baseline: a method as `rpg report` names it (GRPO, 'RPG-REINFORCE-URKL (clip 0.1/0.1)'), run ids or names (comma-separated), or a spec filter FIELD=VALUE[&FIELD=VALUE...].",
+    ),
+    b: str = typer.Argument(..., metavar="B", help="The challenger, given the same ways: the differences are B - A."),
+    sweep_name: str = typer.Option(
+        None, "--sweep", metavar="NAME", help="Only this sweep's runs (default: every run in the store)."
+    ),
+    where: list[str] = typer.Option(
+        None,
+        "--where",
+        metavar="FIELD=VALUE",
+        help="Only runs whose spec matches, on both sides (as `rpg runs --where`). Repeatable.",
+    ),
+    step: str = typer.Option(
+        "last", "--step", metavar="last|N", help="Each run's final evaluated step, or step N of every run."
+    ),
+    metric: str = typer.Option(
+        "mean@k",
+        "--metric",
+        metavar="METRIC",
+        help="mean@K or pass@K (per problem, from `rpg eval` samples), maj@K (benchmark means); K=k: the largest k scored.",
+    ),
+    scorer: str = typer.Option(
+        None, "--scorer", metavar="SCORER", help="`rpg eval` scorer (default: the one with the most scores)."
+    ),
+    benchmarks: str = typer.Option(
+        None,
+        "--benchmarks",
+        "-b",
+        metavar="B[,B]",
+        help="Benchmarks to compare on (default: every one scored for all runs of both sides).",
+    ),
+    output_format: str = typer.Option(
+        "text", "--format", metavar="text|json", help="Lines for a terminal, or everything as JSON."
+    ),
+    db: str = db_option(),
+) -> None:
+    """Say whether B beats A: the paired difference B - A per benchmark and overall, with its 95% interval.
+
+    Runs are paired by problem (the same problems resampled for both) and by seed where both sides have
+    the same seeds. Each line gives B - A in points, P(B > A) (the probability that a random run of B
+    beats a random run of A on a random problem) with its interval, the seeds per method that would
+    detect this difference at 80% power, and the verdict: "B better", "A better" or "no detectable
+    difference". Spec fields that also differ between the groups (other than the compared ones and
+    the seed) are listed in bold: they make the comparison unfair. Scores drawn under different
+    sampling settings or scorers are refused.
+
+    Examples:
+
+      rpg compare GRPO DAPO --sweep smoke-seeds
+      rpg compare algorithm=grpo 'algorithm=rpg&kl=urkl' --where context=4k
+      rpg compare GRPO RPG-REINFORCE-URKL --step 200 -b aime24 --format json
+      rpg compare grpo-s0-1a2b3c4d,grpo-s1-5e6f7a8b dapo-s0-9c0d1e2f
+    """
+    from rpg_cli import report as rp
+    from rpg_cli.stats import StatsError
+    from rpg_cli.store import StoreError
+
+    if output_format not in ("text", "json"):
+        fail("compare", ValueError(f"unknown --format {output_format!r}; allowed: text, json"))
+    if step != "last" and not step.isdigit():
+        fail("compare", ValueError(f"--step {step!r}: expected last or a step number"))
+    wanted = [x.strip() for x in benchmarks.split(",") if x.strip()] if benchmarks else None
+    with existing_store("compare", db) as store:
+        try:
+            result = rp.compare_groups(
+                store, a, b, sweep_name, where or (), metric, scorer, None if step == "last" else int(step), wanted
+            )
+        except (rp.ReportError, StoreError, StatsError) as e:
+            fail("compare", e)
+    if output_format == "json":
+        typer.echo(result.to_json(), nl=False)
+        return
+    from rich.markup import escape
+
+    console = make_console()
+    for line in [*result.header(), *result.lines()]:
+        console.print(escape(line), highlight=False)
+    for line in result.difference_text():
+        console.print(f"[bold]also differs: {escape(line)}[/]", highlight=False)
+    for line in result.notes:
+        console.print(f"note: {escape(line)}", highlight=False)
+
+
+def _render_report_table(built, to_text: bool = False) -> str:
+    """The terminal table: one rich table per model and context. Printed directly (returns ''), or
+    returned as plain text when it goes to a file."""
+    import io
+
+    from rich.console import Console
+    from rich.markup import escape
+    from rich.table import Table
+
+    from rpg_cli import report as rp
+
+    console = Console(file=io.StringIO(), width=200, color_system=None) if to_text else make_console()
+    for group in built.groups:
+        console.print(f"[bold]{escape(rp.group_title(group))} · {built.metric} (%)[/]", highlight=False)
+        table = Table()
+        table.add_column("method", no_wrap=True)
+        table.add_column("seeds", justify="right")
+        for bench, which in built.columns:
+            table.add_column(rp.column_title(bench, which), justify="right", no_wrap=True)
+        for row in group.rows:
+            cells = []
+            for column in built.columns:
+                cell = row.cells[column]
+                text = rp.cell_text(cell).replace("[", r"\[")
+                text = f"[bold]{text}[/]" if cell.rank == 1 else f"[underline]{text}[/]" if cell.rank == 2 else text
+                if cell.paper is not None:
+                    text += f"\n[dim]paper {rp.fmt(cell.paper)} Δ {rp.fmt(cell.diff, signed=True)}[/]"
+                cells.append(text)
+            table.add_row(row.method.replace("[", r"\["), str(len(row.runs)), *cells)
+        console.print(table)
+    console.print("bold: best of its column, underlined: second.", *rp.footer(built), sep="\n", highlight=False)
+    return console.file.getvalue() if to_text else ""

@@ -1,0 +1,231 @@
+"""`rpg runs`, `logs`, `cancel`, `stop`: the runs in the store, reconciled with Ray first."""
+
+from __future__ import annotations
+
+import typer
+
+from rpg_cli.cli.common import (
+    address_option,
+    db_option,
+    error_line,
+    existing_store,
+    fail,
+    make_console,
+    reconcile_shown,
+    rpg_command,
+    runs_dir_option,
+    status_text,
+    warn,
+)
+
+
+@rpg_command("runs")
+def runs_command(
+    sweep_name: str = typer.Option(None, "--sweep", metavar="NAME", help="Only this sweep's runs."),
+    status: str = typer.Option(
+        None,
+        "--status",
+        metavar="STATE[,STATE]",
+        help="Only runs in these states: pending, submitted, running, succeeded, failed, stopped.",
+    ),
+    where: list[str] = typer.Option(
+        None,
+        "--where",
+        metavar="FIELD=VALUE",
+        help="Only runs whose spec matches: FIELD=V[,V...] or FIELD!=V; dotted paths reach nested fields (clip.eps_low=0.1). Repeatable; all must hold.",
+    ),
+    output_format: str = typer.Option(
+        "table", "--format", metavar="table|csv|json", help="A terminal table, or every column as CSV or JSON."
+    ),
+    wide: bool = typer.Option(
+        False, "--wide", metavar="", help="Show each failure reason whole instead of its first 60 characters."
+    ),
+    db: str = db_option(),
+    address: str = address_option(),
+    runs_dir: str = runs_dir_option(),
+) -> None:
+    """List runs: seed, state, attempts, last step, reward and validation accuracy, wall time.
+
+    The reward is the last critic/score/mean logged; the validation accuracy the mean over benchmarks
+    of each one's last val-core mean@k. Runs recorded as live are first checked with the Ray cluster
+    (a run that finished unwatched shows as finished); when no cluster answers, they are shown as
+    last recorded, marked ?.
+
+    Examples:
+
+      rpg runs --where algorithm=rpg --where kl=ufkl,urkl
+      rpg runs --sweep smoke --format csv
+      rpg runs --status failed --wide
+    """
+    from rpg_cli.report import ReportError, runs_summary, summary_csv, wall_text
+    from rpg_cli.report.summary import SUMMARY_FIELDS, TABLE_TITLES
+    from rpg_cli.states import STATUSES
+    from rpg_cli.store import DEFAULT_DB_URL, EmptyStoreError, NoStoreError, StoreError, open_store
+
+    if output_format not in ("table", "csv", "json"):
+        fail("runs", ValueError(f"unknown --format {output_format!r}; allowed: table, csv, json"))
+    wanted = [s.strip() for s in status.split(",")] if status else None
+    if wanted and (bad := [s for s in wanted if s not in STATUSES]):
+        fail("runs", ValueError(f"unknown --status {', '.join(bad)}; allowed: {', '.join(STATUSES)}"))
+    try:
+        store = open_store(db or DEFAULT_DB_URL, create=False)
+    except NoStoreError as e:
+        if isinstance(e, EmptyStoreError):
+            fail("runs", e)
+        warn("runs", f"no runs recorded yet ({e})")
+        return
+    except StoreError as e:
+        fail("runs", e)
+    try:
+        stale = reconcile_shown("runs", store, store.runs(sweep=sweep_name), address, runs_dir)
+        rows = runs_summary(store, sweep_name, wanted, where or [])
+    except ReportError as e:
+        fail("runs", e)
+    finally:
+        store.close()
+    if output_format == "json":
+        import json
+
+        typer.echo(json.dumps(rows, indent=2))
+        return
+    if output_format == "csv":
+        typer.echo(summary_csv(rows), nl=False)
+        return
+    from rich.table import Table
+
+    table = Table(title=f"runs of {sweep_name}" if sweep_name else "runs")
+    for field in SUMMARY_FIELDS:
+        if field != "finished":
+            table.add_column(
+                TABLE_TITLES.get(field, field),
+                justify="right" if field in ("seed", "attempts", "step", "reward", "val", "wall_s") else "left",
+                no_wrap=field not in ("name", "error"),
+            )
+    cut = 0
+    for r in rows:
+        error = error_line(r["error"], width=None if wide else 60)
+        cut += error.endswith("…")
+        table.add_row(
+            r["sweep"],
+            r["name"],
+            r["id"],
+            "-" if r["seed"] is None else str(r["seed"]),
+            status_text(r["status"]) + ("?" if r["id"] in stale else ""),
+            str(r["attempts"]),
+            "-" if r["step"] is None else str(r["step"]),
+            "-" if r["reward"] is None else f"{r['reward']:.4f}",
+            "-" if r["val"] is None else f"{r['val']:.4f}",
+            wall_text(r["wall_s"]),
+            (r["started"] or "-")[:16],
+            error.replace("[", r"\["),
+        )
+    console = make_console()
+    console.print(table)
+    counts = {s: sum(r["status"] == s for r in rows) for s in STATUSES}
+    console.print(
+        f"{len(rows)} runs: "
+        + ", ".join(f"{n} {s}" for s, n in counts.items() if n)
+        + (f" ({cut} failure reason(s) cut short: --wide shows them whole)" if cut else ""),
+        highlight=False,
+    )
+
+
+@rpg_command("logs")
+def logs_command(
+    run: str = typer.Argument(..., metavar="RUN", help="Run id, id prefix or name."),
+    follow: bool = typer.Option(False, "--follow", "-f", metavar="", help="Keep printing output until the job ends."),
+    db: str = db_option(),
+    address: str = address_option(),
+    runs_dir: str = runs_dir_option(),
+) -> None:
+    """Print a run's job output (from the cluster while it knows the job, else the run's job.log)."""
+    from pathlib import Path
+
+    from rpg_cli.orchestration.head import ClusterError
+    from rpg_cli.orchestration.sweep import job_logs
+    from rpg_cli.store import StoreError
+    from rpg_cli.store.url import redact
+
+    with existing_store("logs", db) as store:
+        found = store.resolve(run)
+        if len(found) != 1:
+            why = (
+                "is not a run id, id prefix, name or sweep in the store"
+                if not found
+                else f"names {len(found)} runs (a sweep?)"
+            )
+            fail("logs", LookupError(f"{run!r} {why}; give one run's id or name (`rpg runs` lists them)"))
+        reconcile_shown("logs", store, found, address, runs_dir, quiet=True)  # a finished job's log is saved as job.log
+        record = store.run(found[0].id)
+    try:
+        for chunk in job_logs(record, address=address, runs_dir=Path(runs_dir), follow=follow):
+            typer.echo(redact(chunk), nl=False)
+    except (ClusterError, StoreError) as e:
+        fail("logs", e)
+    except KeyboardInterrupt:
+        raise typer.Exit(130) from None
+
+
+@rpg_command("cancel")
+def cancel_command(
+    ref: str = typer.Argument(
+        ..., metavar="RUN|SWEEP", help="A run id, id prefix or name, or a sweep name (all its runs)."
+    ),
+    db: str = db_option(),
+    address: str = address_option(),
+    runs_dir: str = runs_dir_option(),
+) -> None:
+    """Stop a run's job, or every unfinished run of a sweep; they are recorded as stopped.
+
+    The cluster is asked first: a run whose job has already ended is recorded as it ended (a run that
+    succeeded stays succeeded).
+    """
+    from pathlib import Path
+
+    from rpg_cli.orchestration.head import ClusterError
+    from rpg_cli.orchestration.sweep import cancel
+    from rpg_cli.store import DEFAULT_DB_URL, StoreError
+
+    try:
+        done = cancel(ref, db or DEFAULT_DB_URL, address=address, runs_dir=Path(runs_dir))
+    except (ClusterError, StoreError) as e:
+        fail("cancel", e)
+    if done.finished:
+        typer.echo(
+            f"{len(done.finished)} run(s) had already ended: "
+            + ", ".join(r.name for r in done.finished)
+            + " (`rpg runs` shows how)"
+        )
+    if done.stopped:
+        typer.echo(f"stopped {len(done.stopped)} run(s): " + ", ".join(r.name for r in done.stopped))
+    elif not done.finished:
+        typer.echo(f"rpg cancel: nothing to stop: every run of {ref!r} has finished")
+
+
+@rpg_command("stop")
+def stop_command(
+    runs_dir: str = runs_dir_option(),
+    db: str = db_option(),
+    force: bool = typer.Option(
+        False, "--force", metavar="", help="Stop it even while jobs run on it (they die with it)."
+    ),
+) -> None:
+    """Stop the local Ray head that `rpg sweep` and `rpg eval` started under --runs-dir.
+
+    The head stays up between commands so that the next one starts at once. It is not stopped while
+    jobs run on it, unless --force. Results and run directories are kept.
+    """
+    from pathlib import Path
+
+    from rpg_cli.orchestration.head import ClusterError
+    from rpg_cli.orchestration.sweep import LiveRunsError, stop
+    from rpg_cli.store import DEFAULT_DB_URL
+
+    try:
+        stopped = stop(Path(runs_dir), db or DEFAULT_DB_URL, force=force)
+    except (LiveRunsError, ClusterError) as e:
+        fail("stop", e)
+    if stopped:
+        typer.echo(f"stopped the local Ray head in {runs_dir}/ray")
+    else:
+        typer.echo(f"no local Ray head is running in {runs_dir}/ray")

@@ -1,0 +1,275 @@
+"""`rpg sweep`: the plan (dry run) or the submission of a grid, and the live view of its runs."""
+
+from __future__ import annotations
+
+import typer
+
+from rpg_cli.cli.common import db_option, error_line, fail, make_console, rpg_command, status_text, warn
+
+
+@rpg_command()
+def sweep(
+    spec: str = typer.Argument(..., metavar="SPEC", help="Sweep YAML: name, base, grid, include/exclude, seeds."),
+    dry_run: bool = typer.Option(
+        False, "--dry-run", metavar="", help="Print the plan (runs, their state in the store) and write nothing."
+    ),
+    output_format: str = typer.Option(
+        "table",
+        "--format",
+        metavar="table|json",
+        help="Plan output: a table, or JSON (id, name, spec, state, entrypoint).",
+    ),
+    db: str = db_option(),
+    runs_dir: str = typer.Option(
+        "runs", "--runs-dir", metavar="PATH", help="Root of the run directories: PATH/<sweep>/<run>/."
+    ),
+    backend: str = typer.Option(
+        None, "--backend", metavar="verl|local", help="Run every cell on this backend instead of the spec's."
+    ),
+    detach: bool = typer.Option(
+        False, "--detach", metavar="", help="Submit and return at once instead of following progress."
+    ),
+    retry_failed: bool = typer.Option(
+        False, "--retry-failed", metavar="", help="Resubmit runs that failed or were stopped."
+    ),
+    address: str = typer.Option(
+        None,
+        "--address",
+        envvar="RAY_ADDRESS",
+        metavar="ADDR",
+        help="Ray cluster (e.g. http://head:8265). Default: a local head bound to 127.0.0.1, started on first use, its files under --runs-dir.",
+    ),
+) -> None:
+    """Expand a sweep spec into runs and submit one Ray job per run (or --dry-run to see the plan).
+
+    Each run gets runs/<sweep>/<run>/ (spec.json, metrics.jsonl, checkpoints/, job.log) and a row in
+    the results store; progress is followed live until every run has finished (Ctrl-C leaves the jobs
+    running: the same command re-attaches). Re-running a sweep skips succeeded runs, re-attaches to
+    live ones, and resubmits failed ones only with --retry-failed.
+
+    Examples:
+
+      # the CPU grid, on a local Ray head
+      rpg sweep experiments/smoke.yaml
+
+      # the 20 runs of a paper grid and their state; nothing is written
+      rpg sweep experiments/paper-qwen3-4b.yaml --dry-run
+
+      # on a GPU cluster, without waiting for the runs to finish
+      rpg sweep experiments/paper-qwen3-4b.yaml --address http://head:8265 \\
+          --detach
+    """
+    if output_format not in ("table", "json"):
+        raise typer.BadParameter(f"{output_format!r}; allowed: table, json", param_hint="--format")
+    if backend not in (None, "verl", "local"):
+        raise typer.BadParameter(f"{backend!r}; allowed: verl, local", param_hint="--backend")
+    from pathlib import Path
+
+    from rpg_cli.orchestration.plan import known_states, plan_sweep
+    from rpg_cli.spec import SpecError, load_sweep
+    from rpg_cli.store.url import DEFAULT_DB_URL
+
+    db = db or DEFAULT_DB_URL
+
+    try:
+        plans = plan_sweep(load_sweep(spec), Path(runs_dir), backend=backend)
+    except SpecError as e:
+        fail("sweep", e)
+    if not dry_run:
+        _watch_sweep(
+            plans, plans[0].sweep, db, address=address, detach=detach, retry_failed=retry_failed, runs_dir=runs_dir
+        )
+        return
+    try:
+        states = known_states(db, plans)
+    except Exception as e:  # a store we cannot read must not hide the plan
+        warn("sweep", f"cannot read run states from {db} ({type(e).__name__}: {e}); showing them as unknown")
+        states = {p.id: "unknown" for p in plans}
+    if output_format == "json":
+        import json
+
+        from rpg_cli.spec import validation_cost
+
+        rows = [
+            {
+                "id": p.id,
+                "name": p.name,
+                "spec": p.spec,
+                "state": states[p.id],
+                "entrypoint": p.entrypoint,
+                "validation": (cost := validation_cost(p.spec)) and cost.as_dict(),
+            }
+            for p in plans
+        ]
+        typer.echo(json.dumps(rows, indent=2))
+    else:
+        _print_sweep_plan(plans, states, retry_failed)
+    if _print_checks(plans, states, retry_failed):
+        raise typer.Exit(2)
+
+
+def _print_checks(plans: list, states: dict[str, str], retry_failed: bool) -> bool:
+    """The inputs of the runs to start, checked (data files, model, prompt lengths): one line each on
+    stderr; returns whether any is an error."""
+    from rpg_cli.orchestration.plan import check_line, check_plans
+
+    checks = check_plans(plans, states, retry_failed)
+    for check in checks:
+        warn("sweep", check_line(check, len(plans)))
+    return any(c.finding.error for c in checks)
+
+
+def _print_sweep_plan(plans: list, states: dict[str, str], retry_failed: bool) -> None:
+    from rich.table import Table
+
+    from rpg_cli.orchestration.plan import summarize, validation_costs
+
+    table = Table(title=f"sweep {plans[0].sweep}" if plans else "sweep", show_lines=False)
+    for column in ("name", "id", "algorithm", "kl", "clip", "optimizer", "context", "seed", "state"):
+        table.add_column(column, no_wrap=column != "name")
+    for p in plans:
+        clip = p.spec["clip"]
+        clip_text = f"{clip['eps_low']:g}/{clip['eps_high']:g} c={clip['c']:g}" if clip else "off"
+        table.add_row(
+            p.name,
+            p.id,
+            p.spec["algorithm"],
+            p.spec["kl"],
+            clip_text,
+            p.spec["optimizer"],
+            p.spec["context"],
+            str(p.spec["seed"]),
+            states[p.id],
+        )
+    console = make_console()
+    console.print(table)
+    n = summarize(plans, states, retry_failed)
+    console.print(
+        f"{n.runs} runs: {n.submit} to submit ({n.gpus:g} GPUs), {n.attach} live to re-attach, "
+        f"{n.done} succeeded, {n.skip} failed/stopped skipped"
+        + ("" if retry_failed or not n.skip else " (--retry-failed resubmits them)")
+        + ". Dry run: nothing was written.",
+        highlight=False,
+    )
+    for runs, problems, n, count, every in validation_costs(plans):
+        per = (
+            f"{problems:,} problems x {n} samples = {problems * n:,} generations"
+            if problems is not None
+            else f"{n} samples per problem (problems not counted: the files are not readable here)"
+        )
+        console.print(
+            f"validation ({runs} runs): {per} per validation, {count} per run (before training, every "
+            f"{every} steps and at the last)",
+            highlight=False,
+        )
+
+
+def _progress_caption(snapshot) -> str:
+    counts = snapshot.counts
+    return (
+        f"pending {counts['pending'] + counts['submitted']} · running {counts['running']} · "
+        f"succeeded {counts['succeeded']} · failed {counts['failed']} · stopped {counts['stopped']}"
+    )
+
+
+def _progress_table(snapshot):
+    from rich.table import Table
+
+    table = Table(title=f"sweep {snapshot.sweep}", caption=_progress_caption(snapshot))
+    for column in ("name", "id", "status", "attempt", "step", "reward", "error"):
+        table.add_column(
+            column, justify="right" if column in ("attempt", "step", "reward") else "left", no_wrap=column != "error"
+        )
+    for r in snapshot.runs:
+        table.add_row(
+            r.name,
+            r.id,
+            status_text(r.status),
+            str(r.attempts),
+            "-" if r.step is None else str(r.step),
+            "-" if r.reward is None else f"{r.reward:.4f}",
+            error_line(r.error, 50),
+        )
+    return table
+
+
+def _watch_sweep(
+    plans: list,
+    sweep_name: str,
+    db: str,
+    address: str | None = None,
+    detach: bool = False,
+    retry_failed: bool = False,
+    runs_dir: str = "runs",
+) -> None:
+    """Submit a sweep's plans as Ray jobs and, unless `detach`, follow them until all have finished:
+    a live table on a terminal, a line per change of the counts otherwise (logs, CI). Exits 0 when
+    every run succeeded, 1 when some failed or stopped, 2 on a cluster or store error, 130 on Ctrl-C
+    (the jobs keep running; the same command re-attaches)."""
+    import os
+    from pathlib import Path
+
+    from rich.live import Live
+
+    from rpg_cli.orchestration.head import ClusterError
+    from rpg_cli.orchestration.plan import PreflightError, check_line, check_plans, known_states, refuse_bad_inputs
+    from rpg_cli.orchestration.sweep import run_sweep
+    from rpg_cli.store import StoreError
+
+    console = make_console()
+    live = Live(console=console, auto_refresh=False) if console.is_terminal and not detach else None
+    last_caption = None
+
+    def show(snapshot) -> None:
+        nonlocal last_caption
+        if live is not None:
+            live.update(_progress_table(snapshot), refresh=True)
+        elif not detach and _progress_caption(snapshot) != last_caption:
+            last_caption = _progress_caption(snapshot)
+            console.print(f"sweep {sweep_name}: {last_caption}", highlight=False)
+
+    try:  # a run that would fail on its inputs: one line, before any head, run directory or row
+        checks = check_plans(plans, known_states(db, plans), retry_failed)
+        for check in checks:
+            if not check.finding.error:
+                warn("sweep", check_line(check, len(plans)))
+        refuse_bad_inputs(checks, len(plans))
+    except (StoreError, PreflightError) as e:
+        fail("sweep", e)
+    where = (
+        address
+        or os.environ.get("RAY_ADDRESS")
+        or f"the local Ray head in {runs_dir}/ray (started on first use, ~15 s)"
+    )
+    warn("sweep", f"{sweep_name}: {len(plans)} runs; connecting to {where}")
+    try:
+        if live is not None:
+            live.start()
+        final = run_sweep(
+            plans,
+            sweep_name,
+            db,
+            address=address,
+            detach=detach,
+            retry_failed=retry_failed,
+            on_update=show,
+            runs_dir=Path(runs_dir),
+        )
+    except KeyboardInterrupt:
+        typer.echo(
+            f"rpg sweep: stopped following {sweep_name}; its jobs keep running. Run the same command to "
+            f"re-attach, `rpg runs --sweep {sweep_name}` to look, `rpg cancel {sweep_name}` to stop them.",
+            err=True,
+        )
+        raise typer.Exit(130) from None
+    except (ClusterError, StoreError, PreflightError) as e:
+        fail("sweep", e)
+    finally:
+        if live is not None:
+            live.stop()
+    if live is None:
+        console.print(_progress_table(final))
+    if detach:
+        typer.echo(f"submitted; follow with `rpg runs --sweep {sweep_name}` or `rpg logs RUN --follow`")
+    elif any(r.status in ("failed", "stopped") for r in final.runs):
+        raise typer.Exit(1)
