@@ -719,3 +719,19 @@ def test_export_errors_are_one_line(tmp_path, offline_env, monkeypatch):
 def test_plan_trackers_without_trackers_is_the_identity(tmp_path):
     specs = load_sweep(EXPERIMENTS / "smoke.yaml").expand()
     assert plan_trackers(specs, "smoke", tmp_path) is specs
+
+
+@needs_tensorboard
+def test_export_first_brings_live_runs_up_to_date_and_says_which_it_could_not(tmp_path, offline_env):
+    db, plans = synthetic_store(tmp_path)
+    store = open_store(db)
+    store.begin_attempt(plans[0].id)
+    store.set_status(plans[0].id, "running", submission_id=plans[0].id)  # left by `rpg sweep --detach`
+    store.close()
+    args = ["export", "--to", "tensorboard", "--sweep", "sw", "--db", db, "--dir", str(tmp_path / "tb")]
+    result = CliRunner().invoke(app, [*args, "--runs-dir", str(tmp_path / "runs")])  # no head there
+    assert result.exit_code == 0, result.output
+    (warning,) = [line for line in result.stderr.splitlines() if line.strip()]
+    assert warning.startswith("rpg export: 1 live run(s) taken as last recorded, possibly stale: no Ray cluster")
+    assert "exported 4 of 4 run(s) to tensorboard" in result.stdout
+    assert not (tmp_path / "runs" / "ray").exists()  # asking starts no head

@@ -130,10 +130,11 @@ def error_line(error: str | None, width: int | None = 60) -> str:
 
 
 def reconcile_shown(
-    command: str, store, runs: list, address: str | None, runs_dir: str, quiet: bool = False
+    command: str, store, runs: list, address: str | None, runs_dir: str, quiet: bool = False, marked: bool = True
 ) -> frozenset:
     """Bring the live ones among `runs` up to what Ray knows before showing them; the ids of those it
-    could not check (shown as stored, possibly stale), with one line saying why unless `quiet`."""
+    could not check (taken as stored, possibly stale; `marked` with ? where the command shows them),
+    with one line saying why unless `quiet`."""
     from pathlib import Path
 
     from rpg_cli.orchestration.sweep import reconcile
@@ -142,6 +143,8 @@ def reconcile_shown(
     if result.unconfirmed and not quiet:
         warn(
             command,
-            f"{len(result.unconfirmed)} live run(s) shown as last recorded, possibly stale (marked ?): {result.why}",
+            f"{len(result.unconfirmed)} live run(s) {'shown' if marked else 'taken'} as last recorded, possibly stale"
+            + (" (marked ?)" if marked else "")
+            + f": {result.why}",
         )
     return result.unconfirmed

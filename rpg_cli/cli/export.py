@@ -4,7 +4,15 @@ from __future__ import annotations
 
 import typer
 
-from rpg_cli.cli.common import app, db_option, fail, rpg_command
+from rpg_cli.cli.common import (
+    address_option,
+    db_option,
+    existing_store,
+    fail,
+    reconcile_shown,
+    rpg_command,
+    runs_dir_option,
+)
 
 
 @rpg_command("export")
@@ -14,6 +22,8 @@ def export_command(
         None, "--sweep", metavar="NAME", help="Only this sweep's runs (default: every run in the store)."
     ),
     db: str = db_option(),
+    address: str = address_option(),
+    runs_dir: str = runs_dir_option(),
     project: str = typer.Option(
         None, "--project", help="W&B project / MLflow experiment (default: the run's trackers.project, else rpg)."
     ),
@@ -38,7 +48,8 @@ def export_command(
 
     Metrics go at their steps, evals at their checkpoints' steps, the spec as config. Runs are grouped
     by cell (seeds band together) and tagged with the sweep and its varying fields, as live runs are.
-    Exporting again adds only what is new: no duplicate runs or steps.
+    Exporting again adds only what is new: no duplicate runs or steps. Runs that ended while no rpg
+    watched them (--detach) are brought up to date from Ray first, their last metrics included.
 
     Examples:
 
@@ -53,7 +64,7 @@ def export_command(
     """
     from pathlib import Path
 
-    from rpg_cli.store import DEFAULT_DB_URL, StoreError, open_store
+    from rpg_cli.store import StoreError
     from rpg_cli.trackers import TrackerError
     from rpg_cli.trackers.export import ExportOptions, export
 
@@ -64,24 +75,16 @@ def export_command(
         entity=entity,
         offline=offline,
     )
-    try:
-        store = open_store(db or DEFAULT_DB_URL, create=False)
-    except StoreError as e:
-        fail("export", e)
-    try:
-        done = export(
-            store,
-            to,
-            sweep_name,
-            options,
-            on_run=lambda r: typer.echo(f"{r.sweep}/{r.name}: {r.steps} steps -> {r.where}"),
-        )
-    except (TrackerError, StoreError) as e:
-        fail("export", e)
-    finally:
-        store.close()
+    with existing_store("export", db) as store:
+        try:
+            reconcile_shown("export", store, store.runs(sweep=sweep_name), address, runs_dir, marked=False)
+            done = export(
+                store,
+                to,
+                sweep_name,
+                options,
+                on_run=lambda r: typer.echo(f"{r.sweep}/{r.name}: {r.steps} steps -> {r.where}"),
+            )
+        except (TrackerError, StoreError) as e:
+            fail("export", e)
     typer.echo(f"exported {sum(r.steps > 0 for r in done)} of {len(done)} run(s) to {to}")
-
-
-if __name__ == "__main__":  # pragma: no cover
-    app()

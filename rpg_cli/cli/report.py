@@ -123,9 +123,7 @@ def report(
         )
     with existing_store("report", db) as store:
         try:
-            reconcile_shown(
-                "report", store, store.runs(sweep=sweep_name), address, runs_dir
-            )  # runs that ended unwatched
+            reconcile_shown("report", store, store.runs(sweep=sweep_name), address, runs_dir, marked=False)
             if table or not plot:
                 fmt = output_format or (
                     rp.FORMAT_BY_SUFFIX.get(Path(output).suffix.lower(), "table") if output else "table"
