@@ -590,3 +590,12 @@ def test_inputs_a_run_would_fail_on_are_refused_by_the_dry_run_and_before_any_su
     fine = CliRunner().invoke(app, ["sweep", "s.yaml", "--dry-run", *common])
     assert fine.exit_code == 0, fine.output
     assert "model: could not check Owner/Uncached: it is not in the local Hugging Face cache" in fine.stderr
+
+
+def test_runs_says_when_no_run_matches_the_filters(tmp_path):
+    db = recorded_store(tmp_path, {"done": ("succeeded", None)})
+    common = ["runs", "--db", db, "--runs-dir", str(tmp_path / "runs")]
+    none = CliRunner().invoke(app, [*common, "--where", "seed=7", "--status", "failed"])
+    assert none.exit_code == 0 and none.stdout == "0 runs: none matches --status, --where\n", none.output
+    some = CliRunner().invoke(app, [*common, "--where", "seed=0"])
+    assert some.exit_code == 0 and "1 run: 1 succeeded" in some.stdout, some.output

@@ -91,6 +91,10 @@ def runs_command(
     if output_format == "csv":
         typer.echo(summary_csv(rows), nl=False)
         return
+    if not rows:
+        filters = [name for name, given in (("--sweep", sweep_name), ("--status", status), ("--where", where)) if given]
+        typer.echo("0 runs" + (f": none matches {', '.join(filters)}" if filters else ""))
+        return
     from rich.table import Table
 
     table = Table(title=f"runs of {sweep_name}" if sweep_name else "runs")
@@ -123,7 +127,7 @@ def runs_command(
     console.print(table)
     counts = {s: sum(r["status"] == s for r in rows) for s in STATUSES}
     console.print(
-        f"{len(rows)} runs: "
+        f"{len(rows)} run{'' if len(rows) == 1 else 's'}: "
         + ", ".join(f"{n} {s}" for s, n in counts.items() if n)
         + (f" ({cut} failure reason(s) cut short: --wide shows them whole)" if cut else ""),
         highlight=False,
