@@ -884,7 +884,8 @@ def _model_in(annotation: Any) -> type[BaseModel] | None:
 
 def _validate(model: type[BaseModel], data: Any) -> Any:
     if not isinstance(data, dict):
-        raise SpecError(f"expected a mapping of {model.__name__} fields, got {type(data).__name__}")
+        got = "an empty file" if data is None else type(data).__name__
+        raise SpecError(f"expected a mapping of {model.__name__} fields, got {got}")
     try:
         return model.model_validate(data)
     except ValidationError as e:
@@ -965,6 +966,10 @@ def _read_yaml(path: Path) -> Any:
         ) from None
     except OSError as e:
         raise SpecError(f"cannot read: {e.strerror}", source=str(path)) from None
+    except UnicodeDecodeError as e:
+        raise SpecError(
+            f"not a text file (byte {e.start} is not UTF-8); pass the path of a spec YAML", source=str(path)
+        ) from None
     import yaml
 
     try:

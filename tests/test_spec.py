@@ -307,6 +307,12 @@ def test_missing_file_and_broken_yaml(tmp_path):
     path = write(tmp_path, "algorithm: [rpg\nkl: urkl\n")
     message = spec_error(load_spec, path)
     assert message.startswith(f"{path}: line ") and "invalid YAML" in message
+    path.write_bytes(b"\xff\xfe\x00")  # not text (a parquet or a model file passed by mistake)
+    assert (
+        spec_error(load_sweep, path) == f"{path}: not a text file (byte 0 is not UTF-8); pass the path of a spec YAML"
+    )
+    path.write_text("")
+    assert spec_error(load_sweep, path) == f"{path}: expected a mapping of SweepSpec fields, got an empty file"
 
 
 # ---------------------------------------------------------------------------------------------
