@@ -458,7 +458,42 @@ def test_filters_can_be_switched_off(dapo_like, tmp_path):
     assert report.dropped == {"non-English": 5} and report.problems == 23 - 5
 
 
-# --- atomic writes ------------------------------------------------------------------------------------------
+# --- a held-out selection set ------------------------------------------------------------------------------
+
+
+def test_holdout_splits_the_training_set_into_disjoint_files_the_same_way_every_time(dapo_like, tmp_path):
+    out = tmp_path / "out"
+    result = run(f"dapo-math-17k={dapo_like}", "--holdout", "2", "--out", str(out))
+    assert result.exit_code == 0, result.output
+    train, held = rows_of(out / "dapo-math-17k-eng.parquet"), rows_of(out / "dapo-math-17k-eng-holdout.parquet")
+    assert (len(train), len(held)) == (4, 2)  # 6 problems: 2 held out, never trained on
+    assert {r["data_source"] for r in train} == {"math_dapo"} and {r["data_source"] for r in held} == {
+        "math_dapo_holdout"  # its own benchmark name: `rpg report --select-on math_dapo_holdout`
+    }
+    problems = [r["prompt"][0]["content"] for r in train + held]
+    assert len(set(problems)) == 6  # disjoint, and together the whole set
+    assert [r["extra_info"]["index"] for r in held] == [0, 1]
+    assert "dapo-math-17k (held out)" in result.stdout and "2 of its problems" in result.stdout
+    again = tmp_path / "again"
+    assert run(f"dapo-math-17k={dapo_like}", "--holdout", "2", "--out", str(again)).exit_code == 0
+    assert rows_of(again / "dapo-math-17k-eng-holdout.parquet") == held  # a fixed seed: the same split
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["aime24=X", "--holdout", "5"], "--holdout holds problems of the training set out of it: name dapo-math-17k"),
+        (["dapo-math-17k=X", "--holdout", "-1"], "--holdout -1: give a number of problems >= 0"),
+        (["dapo-math-17k=X", "--holdout", "6"], "--holdout 6: dapo-math-17k has 6 problems, none would be left"),
+    ],
+)
+def test_a_holdout_that_cannot_be_made_is_one_line_and_writes_nothing(args, message, dapo_like, tmp_path):
+    out = tmp_path / "out"
+    result = run(*[a.replace("=X", f"={dapo_like}") for a in args], "--out", str(out))
+    assert result.exit_code == 2 and result.output.count("\n") == 1 and message in result.output, result.output
+    assert not out.exists()
+
+
 
 
 def test_a_failure_mid_write_leaves_the_old_file_and_no_partial_one(three_formats, tmp_path, monkeypatch):

@@ -66,6 +66,12 @@ def prepare_data(
         metavar="",
         help="Drop repeated problems (equal up to case, whitespace and Unicode form).",
     ),
+    holdout: int = typer.Option(
+        0,
+        "--holdout",
+        metavar="N",
+        help="Hold N random problems of the training set out of it (fixed seed), written to its NAME-holdout.parquet with data_source <its data_source>_holdout: a selection set for `rpg report --select-on`, never trained on.",
+    ),
     strict: bool = typer.Option(
         False,
         "--strict",
@@ -102,6 +108,10 @@ def prepare_data(
       rpg prepare-data aime24 aime25 amc23
       rpg prepare-data minerva_math olympiadbench
 
+      # 500 training problems held out to select each run's step on (add the file to val_files;
+      # then `rpg report --select-on math_dapo_holdout`)
+      rpg prepare-data dapo-math-17k --holdout 500
+
       # local copies (offline machines), another hub copy, any file of problems
       rpg prepare-data aime24=aime24.jsonl
       rpg prepare-data dapo-math-17k --from dapo-math-17k-eng.parquet
@@ -125,7 +135,11 @@ def prepare_data(
     from rpg_cli.datasets import PrepareError, SourceError, SourceOptions, prepare, resolve_sources
 
     options = SourceOptions(
-        question_field=question_field, answer_field=answer_field, english_only=english_only, dedup=dedup
+        question_field=question_field,
+        answer_field=answer_field,
+        english_only=english_only,
+        dedup=dedup,
+        holdout=holdout,
     )
     try:
         specs = resolve_sources(
@@ -168,4 +182,7 @@ def _print_prepare_summary(reports: list) -> None:
         dropped = "\n".join(f"{n:,} {reason}" for reason, n in r.dropped.items()) or "-"
         origin = f"{r.origin}\nfields: {r.question_field}, {r.answer_field}"
         table.add_row(r.name, origin, f"{r.read:,}", dropped, f"{r.problems:,}", str(r.output))
+        if r.held_out:
+            held = f"{r.held_out:,}"
+            table.add_row(f"{r.name} (held out)", f"{held} of its problems", "-", "-", held, str(r.holdout_output))
     Console(width=None if sys.stdout.isatty() else 200).print(table, highlight=False)

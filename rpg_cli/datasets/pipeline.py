@@ -8,6 +8,7 @@ written to a temporary name and renamed into place.
 from __future__ import annotations
 
 import os
+import random
 import uuid
 from collections import Counter
 from collections.abc import Iterable, Iterator, Sequence
@@ -41,6 +42,7 @@ QUESTION_FIELDS = ("problem", "question", "extra_info.raw_problem", "prompt", "q
 ANSWER_FIELDS = ("answer", "reward_model.ground_truth", "ground_truth", "final_answer", "label")
 
 ROWS_PER_GROUP = 8192  # parquet row-group size; rows are serialized one group at a time
+HOLDOUT_SEED = 0  # the held-out problems of `--holdout`: fixed, so that re-preparing gives the same split
 
 
 @dataclass
@@ -55,7 +57,9 @@ class SourceReport:
     read: int
     dropped: dict[str, int]  # reason -> rows, in DROP_REASONS order, zero counts left out
     malformed: list[tuple[str, str]]  # (location, why) of rows that are broken, not just filtered
-    problems: int
+    problems: int  # written to `output` (held-out ones excluded)
+    held_out: int = 0  # written to `holdout_output` instead
+    holdout_output: Path | None = None
 
 
 class PrepareError(SourceError):
@@ -94,9 +98,31 @@ def prepare(specs: Sequence[SourceSpec], *, strict: bool = False) -> list[Source
             raise PrepareError(
                 f"{c.spec.name}: no usable rows in {c.spec.origin} ({drops}); nothing was written", reports
             )
-    for c in collected:
-        write_verl_parquet(verl_batches(c), c.spec.output)
+    splits = [split_holdout(c) for c in collected]  # before writing: a holdout too large writes nothing
+    for c, (kept, held) in zip(collected, splits):
+        write_verl_parquet(verl_batches(kept, c.spec.data_source), c.spec.output)
+        if held:
+            write_verl_parquet(verl_batches(held, c.spec.holdout_data_source), c.spec.holdout_output)
     return reports
+
+
+def split_holdout(collected: Collected) -> tuple[list[tuple[str, str]], list[tuple[str, str]]]:
+    """(kept, held out): `spec.holdout` problems drawn at random (seed HOLDOUT_SEED, so the same file
+    gives the same split) and held out of training, both in file order; the report updated."""
+    spec, problems = collected.spec, collected.problems
+    if not spec.holdout:
+        return problems, []
+    if spec.holdout >= len(problems):
+        raise PrepareError(
+            f"--holdout {spec.holdout}: {spec.name} has {len(problems):,} problems, none would be left to train on; "
+            "hold out fewer (nothing was written)",
+            [collected.report],
+        )
+    held = set(random.Random(HOLDOUT_SEED).sample(range(len(problems)), spec.holdout))
+    kept = [p for i, p in enumerate(problems) if i not in held]
+    collected.report.problems, collected.report.held_out = len(kept), len(held)
+    collected.report.holdout_output = spec.holdout_output
+    return kept, [p for i, p in enumerate(problems) if i in held]
 
 
 def collect(spec: SourceSpec) -> Collected:
@@ -181,17 +207,18 @@ def resolve_field(rows: RawRows, explicit: str | None, candidates: Iterable[str]
     )
 
 
-def verl_batches(collected: Collected, rows_per_group: int | None = None) -> Iterator[pa.RecordBatch]:
-    """The rows of one output file: one per problem, `extra_info.index` its position.
+def verl_batches(
+    problems: Sequence[tuple[str, str]], data_source: str, rows_per_group: int | None = None
+) -> Iterator[pa.RecordBatch]:
+    """The rows of one output file: one per (problem, answer), `extra_info.index` its position.
 
     (The paper's evaluation files held 32 copies of each problem, numbered 0..31, sampled once each;
     here a problem's k samples come from the sampler, grouped, so that pass@k and maj@k can be computed.)
     """
     size = rows_per_group or ROWS_PER_GROUP
-    spec = collected.spec
     rows: list[dict[str, Any]] = []
-    for position, (problem, answer) in enumerate(collected.problems):
-        rows.append(verl_row(problem, answer, spec.data_source, position))
+    for position, (problem, answer) in enumerate(problems):
+        rows.append(verl_row(problem, answer, data_source, position))
         if len(rows) == size:
             yield rows_to_batch(rows)
             rows = []

@@ -113,6 +113,7 @@ class SourceOptions:
     answer_field: str | None = None
     english_only: bool | None = None  # None: each source's default
     dedup: bool = True
+    holdout: int = 0  # problems of the training set held out of it, into a selection set
 
 
 @dataclass(frozen=True)
@@ -128,6 +129,17 @@ class SourceSpec:
     question_field: str | None  # None: auto-detect
     answer_field: str | None
     local_hint: str  # how to point this source at a local file instead
+    holdout: int = 0  # problems held out of `output` into `holdout_output` (a training set's selection set)
+
+    @property
+    def holdout_output(self) -> Path:
+        """The held-out problems' file: NAME-holdout.parquet beside the training file."""
+        return self.output.with_name(f"{self.output.stem}-holdout{self.output.suffix}")
+
+    @property
+    def holdout_data_source(self) -> str:
+        """Their data_source, which names them as a benchmark (`rpg report --select-on`)."""
+        return f"{self.data_source}_holdout"
 
 
 _SAFE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
@@ -167,19 +179,23 @@ def resolve_sources(
     if name is not None and input_file is None:
         raise SourceError("--name applies to --input only (it names the output file NAME.parquet)")
 
+    if options.holdout < 0:
+        raise SourceError(f"--holdout {options.holdout}: give a number of problems >= 0")
     specs = [_preset_spec(arg, from_origin, out_dir, options) for arg in args]
     if input_file is not None:
         specs.append(_input_spec(input_file, name, data_source, out_dir, options))
     if not specs:
         specs = [_preset_spec(name, None, out_dir, options) for name, preset in PRESETS.items() if preset.default]
 
+    if options.holdout and not any(spec.holdout for spec in specs):
+        trainers = ", ".join(name for name, preset in PRESETS.items() if preset.train)
+        raise SourceError(f"--holdout holds problems of the training set out of it: name {trainers} among the sources")
     outputs: dict[Path, str] = {}
     for spec in specs:
-        if spec.output in outputs:
-            raise SourceError(
-                f"{outputs[spec.output]} and {spec.name} would both write {spec.output}; name one differently"
-            )
-        outputs[spec.output] = spec.name
+        for output in (spec.output, spec.holdout_output) if spec.holdout else (spec.output,):
+            if output in outputs:
+                raise SourceError(f"{outputs[output]} and {spec.name} would both write {output}; name one differently")
+            outputs[output] = spec.name
     return specs
 
 
@@ -210,6 +226,7 @@ def _preset_spec(arg: str, from_origin: str | None, out_dir: Path, options: Sour
         question_field=options.question_field or (preset.question_field if own_hub else None),
         answer_field=options.answer_field or (preset.answer_field if own_hub else None),
         local_hint=f"rpg prepare-data {preset.name}=FILE",
+        holdout=options.holdout if preset.train else 0,
     )
 
 
