@@ -494,8 +494,6 @@ def test_a_holdout_that_cannot_be_made_is_one_line_and_writes_nothing(args, mess
     assert not out.exists()
 
 
-
-
 def test_a_failure_mid_write_leaves_the_old_file_and_no_partial_one(three_formats, tmp_path, monkeypatch):
     source, _ = three_formats["jsonl"]
     out = tmp_path / "out"
