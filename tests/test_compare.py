@@ -197,6 +197,25 @@ def test_best_val_selected_picks_the_selection_benchmarks_step_not_the_test_max(
     assert res.exit_code == 2 and "--select-on nope: no mean@8 scores on it; scored: aime24, heldout" in res.output
 
 
+def test_best_val_selected_on_a_holdout_in_training_validation(build, db, tmp_path):
+    """The `prepare-data --holdout` path: the held-out file validated during training picks the step."""
+    for seed in (0, 1):
+        run_id = build.run(spec("grpo", seed))
+        lines = [
+            {"step": step, "data": {"val-core/aime2025/acc/mean@8": test, "val-core/math_dapo_holdout/acc/mean@8": sel}}
+            for step, test, sel in ((10, 0.50, 0.20), (20, 0.30 + seed / 10, 0.60), (30, 0.40, 0.30))
+        ]
+        path = tmp_path / f"{run_id}.jsonl"
+        path.write_text("".join(json.dumps(line) + "\n" for line in lines))
+        build.store.ingest_metrics(run_id, path)
+    table = report.build_table(build.store, select_on="math_dapo_holdout", compare_paper=True)
+    assert table.benchmarks == ["aime25"]  # data_source aime2025, as the report names it
+    cells = table.groups[0].rows[0].cells
+    assert cells[("aime25", "best_val")].mean == pytest.approx(0.35)  # step 20 of each seed: 0.30, 0.40
+    assert cells[("aime25", "best_test")].mean == pytest.approx(0.50)
+    assert cells[("aime25", "last")].mean == pytest.approx(0.40)
+
+
 def test_protocol_guard_splits_the_table_by_protocol(build, db):
     rng = np.random.default_rng(0)
     a = build.run(spec("grpo", 0))
