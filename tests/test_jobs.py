@@ -303,8 +303,10 @@ def test_watch_sweep_renders_progress_and_exits_by_outcome(cluster, tmp_path, ca
     with pytest.raises(typer.Exit) as exit_info:
         _watch_sweep(plans, "s4", db, runs_dir=str(cluster["runs"]))
     assert exit_info.value.exit_code == 1  # a run failed
-    out = capsys.readouterr().out
+    captured = capsys.readouterr()
+    out = captured.out
     assert "sweep s4" in out and "fine" in out and "doomed" in out and "succeeded 1" in out and "failed 1" in out
+    assert captured.err.strip().endswith("stays up for the next command; `rpg stop` ends it")
     assert "trainer failing on purpose" in out
 
     _watch_sweep(plans[:1], "s4", db, runs_dir=str(cluster["runs"]), detach=True)  # done already: returns

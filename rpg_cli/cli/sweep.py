@@ -271,5 +271,8 @@ def _watch_sweep(
         console.print(_progress_table(final))
     if detach:
         typer.echo(f"submitted; follow with `rpg runs --sweep {sweep_name}` or `rpg logs RUN --follow`")
-    elif any(r.status in ("failed", "stopped") for r in final.runs):
+        return
+    if not (address or os.environ.get("RAY_ADDRESS")):  # a head rpg started: say it is still there
+        warn("sweep", f"the local Ray head in {runs_dir}/ray stays up for the next command; `rpg stop` ends it")
+    if any(r.status in ("failed", "stopped") for r in final.runs):
         raise typer.Exit(1)
