@@ -108,8 +108,9 @@ def prepare_data(
       rpg prepare-data aime24 aime25 amc23
       rpg prepare-data minerva_math olympiadbench
 
-      # 500 training problems held out to select each run's step on (add the file to val_files;
-      # then `rpg report --select-on math_dapo_holdout`)
+      # 500 training problems held out to pick each run's step on: add
+      # dapo-math-17k-eng-holdout.parquet to val_files, then select on it
+      # with rpg report --select-on math_dapo_holdout
       rpg prepare-data dapo-math-17k --holdout 500
 
       # local copies (offline machines), another hub copy, any file of problems
