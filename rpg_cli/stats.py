@@ -79,7 +79,9 @@ ALPHA = 0.05
 B_BETTER, A_BETTER, NO_DIFFERENCE = "B better", "A better", "no detectable difference"
 VERDICTS = (B_BETTER, A_BETTER, NO_DIFFERENCE)
 
-BAND_MEANING = "mean over seeds; band: 95% confidence interval of that mean (t over seeds, per step)"
+BAND_MEANING = (
+    "mean over seeds; band: 95% confidence interval of that mean (t over seeds, per step, within the metric's range)"
+)
 
 # resampled: what an interval's randomness covers (the table footer prints it)
 SEEDS_AND_PROBLEMS = "seeds and problems"
@@ -806,11 +808,17 @@ def compare(
     )
 
 
-def curve_band(curves: Sequence[tuple[Sequence[float], Sequence[float]]], confidence: float = CONFIDENCE) -> Band:
+def curve_band(
+    curves: Sequence[tuple[Sequence[float], Sequence[float]]],
+    confidence: float = CONFIDENCE,
+    bounds: tuple[float | None, float | None] = (None, None),
+) -> Band:
     """Training-curve band (MATH.md section 8, the seed level): `curves` holds one (steps, values) per
     seed; per step, the mean over the seeds that logged it and mean +- t_{n-1} * sd / sqrt(n), a
     pointwise confidence interval of the method's mean curve over training seeds (not a range of single
-    runs). Steps with one seed get no band (NaN bounds)."""
+    runs). Steps with one seed get no band (NaN bounds). `bounds`: the range the metric cannot leave
+    (entropy >= 0, an accuracy in [0, 1]); the interval is cut to it, which keeps its coverage (the true
+    mean lies inside) and drops only impossible values, such as a negative entropy from 3 seeds' t."""
     if not curves:
         raise StatsError("no curves: give one (steps, values) pair per seed")
     for i, (steps, values) in enumerate(curves):
@@ -835,5 +843,11 @@ def curve_band(curves: Sequence[tuple[Sequence[float], Sequence[float]]], confid
         quantiles = {df: t_quantile((1 + confidence) / 2, df) for df in np.unique(n[several] - 1)}
         t = np.array([quantiles[df] for df in n[several] - 1])
         half[several] = t * sd / np.sqrt(n[several])
+    low, high = mean - half, mean + half
+    floor, ceiling = bounds
+    if floor is not None:
+        low = np.where(np.isnan(low), low, np.maximum(low, floor))
+    if ceiling is not None:
+        high = np.where(np.isnan(high), high, np.minimum(high, ceiling))
     steps_out = all_steps.astype(int) if np.all(all_steps == np.round(all_steps)) else all_steps
-    return Band(steps_out, mean, mean - half, mean + half, n)
+    return Band(steps_out, mean, low, high, n)

@@ -553,7 +553,8 @@ def test_plot_figure_has_one_line_per_method_with_its_band(store, curves):
     # the mean of the two RPG-URKL seeds (rewards step/20 and step/20 + 0.1), its band the t interval
     rpg = axes[0].get_lines()[2]
     band = stats.curve_band(
-        [(range(1, 21), [s / 20 for s in range(1, 21)]), (range(1, 21), [s / 20 + 0.1 for s in range(1, 21)])]
+        [(range(1, 21), [s / 20 for s in range(1, 21)]), (range(1, 21), [s / 20 + 0.1 for s in range(1, 21)])],
+        bounds=(None, 1.0),  # a score is at most 1: the band stops there
     )
     assert list(rpg.get_ydata()) == pytest.approx(list(band.mean))
     (verts,) = axes[0].collections[2].get_paths()
@@ -563,6 +564,16 @@ def test_plot_figure_has_one_line_per_method_with_its_band(store, curves):
     assert len(fig.legends) == 1  # one legend, outside the panels
     val = axes[4].get_lines()[0]
     assert list(val.get_xdata()) == [5, 10, 15, 20] and list(val.get_ydata()) == [0.125, 0.25, 0.375, 0.5]
+
+
+def test_plot_bands_stay_within_what_a_metric_can_be():
+    from rpg_cli.report.plots import band_bounds
+
+    assert band_bounds("actor/entropy") == (0.0, None) and band_bounds("ref/kl") == (0.0, None)
+    assert band_bounds("val-core/aime2025/acc/mean@32") == (0.0, 1.0)
+    assert band_bounds("val-core/aime2025/reward/mean@32") == (None, None)  # a score may be negative
+    assert band_bounds("critic/score/mean") == (None, 1.0)  # +-1 scores, shaping only subtracts
+    assert band_bounds("actor/kl_loss") == (None, None) and band_bounds("actor/ppo_kl") == (None, None)
 
 
 def test_plot_smoothing_is_a_trailing_moving_average(store, curves):

@@ -339,6 +339,19 @@ def test_curve_band_is_the_t_interval_of_the_mean_per_step():
         assert band.mean[i] - band.low[i] == pytest.approx(half)
 
 
+def test_curve_band_is_cut_to_the_metrics_range_and_only_there():
+    curves = [([0, 1], [0.02, 0.9]), ([0, 1], [0.30, 0.99]), ([0, 1], [0.01, 0.2])]  # t with 2 df: wide
+    free = stats.curve_band(curves)
+    assert free.low[0] < 0 and free.high[1] > 1  # the bare t interval leaves [0, 1]
+    cut = stats.curve_band(curves, bounds=(0.0, 1.0))
+    assert list(cut.low) == pytest.approx(list(np.maximum(free.low, 0.0)))
+    assert list(cut.high) == pytest.approx(list(np.minimum(free.high, 1.0)))
+    assert free.high[0] < 1 and cut.high[0] == pytest.approx(free.high[0])  # inside the range: unchanged
+    assert list(cut.mean) == pytest.approx(list(free.mean))
+    one = stats.curve_band([([0], [0.5])], bounds=(0.0, 1.0))
+    assert np.isnan(one.low[0]) and np.isnan(one.high[0])  # still no band from one seed
+
+
 def test_curve_band_with_one_seed_has_no_band():
     band = stats.curve_band([([1, 2], [0.1, 0.2]), ([2], [0.4])])
     assert np.isnan(band.low[0]) and np.isnan(band.high[0]) and not np.isnan(band.low[1])

@@ -41,6 +41,23 @@ PLOT_LABELS = {
     "ref/steps_since_reset": "steps since the reference was reset",
 }
 DEFAULT_PLOT_METRICS = ("reward", "entropy", "response_length", "kl", "reference_kl", "reference_age", "val")
+# The range a metric cannot leave, which its band is cut to (stats.curve_band). The KL-loss and ppo_kl
+# panels have none: a k1 estimate can be negative.
+PLOT_BOUNDS: dict[str, tuple[float | None, float | None]] = {
+    REWARD_KEY: (None, 1.0),  # rpg's scorers give +1 or -1; overlong shaping only subtracts
+    "actor/entropy": (0.0, None),
+    "response_length/mean": (0.0, None),
+    "ref/kl": (0.0, None),  # a token mean of k3 >= 0
+    "ref/steps_since_reset": (0.0, None),
+}
+
+
+def band_bounds(key: str) -> tuple[float | None, float | None]:
+    """The range of a plotted key: PLOT_BOUNDS, and [0, 1] for a validation accuracy."""
+    stat = VAL_KEY_RE.match(key)
+    if stat is not None and stat["var"] == "acc":
+        return (0.0, 1.0)
+    return PLOT_BOUNDS.get(key, (None, None))
 
 
 @dataclass
@@ -138,7 +155,7 @@ def plot_training(
             if not curves:
                 continue
             color = colors(i % colors.N)
-            band = curve_band(curves)
+            band = curve_band(curves, bounds=band_bounds(panel.key))
             seeds = f" ({len(curves)} seeds)" if len(curves) > 1 else ""
             ax.plot(band.steps, band.mean, label=label + seeds, color=color, linewidth=1.6)
             ax.fill_between(band.steps, band.low, band.high, color=color, alpha=0.2, linewidth=0)
