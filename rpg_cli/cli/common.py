@@ -9,7 +9,7 @@ import inspect
 
 import typer
 
-from rpg_cli.store.url import DB_ENVVAR
+from rpg_cli.store.url import DB_ENVVAR, DEFAULT_DB_URL
 
 app = typer.Typer(
     name="rpg",
@@ -63,7 +63,9 @@ RUNS_DIR_HELP = "Root of the run directories; the local Ray head keeps its files
 
 def db_option():
     """`--db URL`: the results store, from $RPG_DB where not given (the default store when neither is)."""
-    return typer.Option(None, "--db", metavar="URL", envvar=DB_ENVVAR, show_envvar=False, help=DB_HELP)
+    return typer.Option(
+        DEFAULT_DB_URL, "--db", metavar="URL", envvar=DB_ENVVAR, show_envvar=False, show_default=False, help=DB_HELP
+    )
 
 
 def address_option():
@@ -90,7 +92,7 @@ def fail(command: str, error: Exception, code: int = 2) -> None:
 
 
 def warn(command: str, message: str) -> None:
-    """One line on stderr, passwords in URLs masked (every message rpg prints goes through here or `_say`)."""
+    """One line on stderr, passwords in URLs masked (every message rpg prints goes through here)."""
     from rpg_cli.store.url import redact
 
     typer.echo(redact(f"rpg {command}: {message}"), err=True)
@@ -104,14 +106,14 @@ def make_console():
     return Console(width=None if sys.stdout.isatty() else 200)  # pipes get whole rows
 
 
-def existing_store(command: str, db: str | None):
+def existing_store(command: str, db: str):
     """The existing results store, closed on exit; `rpg COMMAND: ...` (exit 2) when there is none."""
     import contextlib
 
-    from rpg_cli.store import DEFAULT_DB_URL, StoreError, open_store
+    from rpg_cli.store import StoreError, open_store
 
     try:
-        store = open_store(db or DEFAULT_DB_URL, create=False)
+        store = open_store(db, create=False)
     except StoreError as e:
         fail(command, e)
     return contextlib.closing(store)

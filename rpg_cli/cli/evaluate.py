@@ -106,7 +106,7 @@ def evaluate(
     from rpg_cli.evaluation.job import evaluate as run_evaluation
     from rpg_cli.evaluation.options import EvalError, EvalOptions
     from rpg_cli.orchestration.head import ClusterError
-    from rpg_cli.store import DEFAULT_DB_URL, StoreError
+    from rpg_cli.store import StoreError
 
     console = make_console()
     progress = Progress(
@@ -133,7 +133,7 @@ def evaluate(
             steps=steps,
             scorer=scorer,
             data_dir=data_dir,
-            db=db or DEFAULT_DB_URL,
+            db=db,
             runs_dir=runs_dir,
             engine=engine,
             temperature=temperature,

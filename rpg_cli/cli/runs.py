@@ -60,7 +60,7 @@ def runs_command(
     from rpg_cli.report import ReportError, runs_summary, summary_csv, wall_text
     from rpg_cli.report.summary import SUMMARY_FIELDS, TABLE_TITLES
     from rpg_cli.states import STATUSES
-    from rpg_cli.store import DEFAULT_DB_URL, EmptyStoreError, NoStoreError, StoreError, open_store
+    from rpg_cli.store import EmptyStoreError, NoStoreError, StoreError, open_store
 
     if output_format not in ("table", "csv", "json"):
         fail("runs", ValueError(f"unknown --format {output_format!r}; allowed: table, csv, json"))
@@ -68,7 +68,7 @@ def runs_command(
     if wanted and (bad := [s for s in wanted if s not in STATUSES]):
         fail("runs", ValueError(f"unknown --status {', '.join(bad)}; allowed: {', '.join(STATUSES)}"))
     try:
-        store = open_store(db or DEFAULT_DB_URL, create=False)
+        store = open_store(db, create=False)
     except NoStoreError as e:
         if isinstance(e, EmptyStoreError):
             fail("runs", e)
@@ -188,10 +188,10 @@ def cancel_command(
 
     from rpg_cli.orchestration.head import ClusterError
     from rpg_cli.orchestration.sweep import cancel
-    from rpg_cli.store import DEFAULT_DB_URL, StoreError
+    from rpg_cli.store import StoreError
 
     try:
-        done = cancel(ref, db or DEFAULT_DB_URL, address=address, runs_dir=Path(runs_dir))
+        done = cancel(ref, db, address=address, runs_dir=Path(runs_dir))
     except (ClusterError, StoreError) as e:
         fail("cancel", e)
     if done.finished:
@@ -223,10 +223,9 @@ def stop_command(
 
     from rpg_cli.orchestration.head import ClusterError
     from rpg_cli.orchestration.sweep import LiveRunsError, stop
-    from rpg_cli.store import DEFAULT_DB_URL
 
     try:
-        stopped = stop(Path(runs_dir), db or DEFAULT_DB_URL, force=force)
+        stopped = stop(Path(runs_dir), db, force=force)
     except (LiveRunsError, ClusterError) as e:
         fail("stop", e)
     if stopped:

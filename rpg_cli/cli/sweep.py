@@ -67,9 +67,6 @@ def sweep(
 
     from rpg_cli.orchestration.plan import known_states, plan_sweep
     from rpg_cli.spec import SpecError, load_sweep
-    from rpg_cli.store.url import DEFAULT_DB_URL
-
-    db = db or DEFAULT_DB_URL
 
     try:
         plans = plan_sweep(load_sweep(spec), Path(runs_dir), backend=backend)
