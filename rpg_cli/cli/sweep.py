@@ -233,11 +233,8 @@ def _watch_sweep(
         refuse_bad_inputs(checks, len(plans))
     except (StoreError, PreflightError) as e:
         fail("sweep", e)
-    where = (
-        address
-        or os.environ.get("RAY_ADDRESS")
-        or f"the local Ray head in {runs_dir}/ray (started on first use, ~15 s)"
-    )
+    cluster = address or os.environ.get("RAY_ADDRESS")  # none: the local head rpg starts
+    where = cluster or f"the local Ray head in {runs_dir}/ray (started on first use, ~15 s)"
     warn("sweep", f"{sweep_name}: {len(plans)} runs; connecting to {where}")
     try:
         if live is not None:
@@ -269,7 +266,7 @@ def _watch_sweep(
     if detach:
         typer.echo(f"submitted; follow with `rpg runs --sweep {sweep_name}` or `rpg logs RUN --follow`")
         return
-    if not (address or os.environ.get("RAY_ADDRESS")):  # a head rpg started: say it is still there
+    if not cluster:  # a head rpg started: say it is still there
         warn("sweep", f"the local Ray head in {runs_dir}/ray stays up for the next command; `rpg stop` ends it")
     if any(r.status in ("failed", "stopped") for r in final.runs):
         raise typer.Exit(1)
