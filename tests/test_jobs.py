@@ -547,3 +547,79 @@ def test_runs_that_end_unwatched_are_brought_up_to_date_by_every_command(cluster
     assert runner.invoke(app, ["cancel", hanging.name, *common]).exit_code == 0
     result = runner.invoke(app, ["stop", *common])
     assert result.exit_code == 0 and "stopped the local Ray head" in result.output, result.output
+
+
+# A verl job's driver as far as its ray.init: verl's own config composed with the overrides rpg generates, then
+# verl's own `run_ppo`, whose TaskRunner here only reports the environment it was started with.
+VERL_RAY_INIT = textwrap.dedent(
+    """
+    import json, os, sys
+    from pathlib import Path
+
+    import ray
+    import verl
+    from hydra import compose, initialize_config_dir
+    from verl.trainer import main_ppo
+
+    out, overrides = Path(sys.argv[1]), sys.argv[2:]
+    with initialize_config_dir(config_dir=str(Path(verl.__file__).parent / "trainer" / "config"), version_base=None):
+        config = compose(config_name="ppo_trainer", overrides=overrides)
+
+    @ray.remote(num_cpus=0)
+    class Probe:
+        def run(self, config):
+            keys = ("VERL_USE_EXTERNAL_MODULES", "VERL_FILE_LOGGER_PATH", "TOKENIZERS_PARALLELISM")
+            out.write_text(json.dumps({key: os.environ.get(key) for key in keys}))
+
+    main_ppo.run_ppo(config, Probe)
+    """
+)
+
+
+def test_a_verl_job_passes_ray_init_and_its_workers_get_the_jobs_environment(cluster, tmp_path):
+    """Ray 2.60 fails a job whose driver calls ray.init with a runtime_env repeating a key of the job's own
+    ("Failed to merge the Job's runtime env ... because of a conflict"): rpg's env vars live in the job's
+    runtime_env alone, and verl's actors get them from there."""
+    pytest.importorskip("verl", reason="the verl extra is not installed")
+    from rpg_cli.backends.verl import launch
+    from rpg_cli.orchestration.submit import submit
+    from rpg_cli.spec import ExperimentSpec
+
+    spec = ExperimentSpec.model_validate(
+        dict(
+            algorithm="rpg_reinforce",
+            kl="urkl",
+            beta=1e-4,
+            clip={"eps_low": 0.2, "eps_high": 0.28},
+            optimizer="adamw",
+            context="2k",
+            reference="frozen",
+            model="toy/model",
+            data={"train_files": ["t.parquet"]},
+            train_batch_size=2,
+            rollout_n=2,
+            ppo_mini_batch_size=1,
+            lr=1e-5,
+            steps=2,
+            seed=0,
+            save_every=1,
+            backend="verl",
+            resources={"nodes": 1, "gpus_per_node": 1, "cpus": 1},
+        )
+    )
+    run_dir = tmp_path / "run"
+    (tmp_path / "probe.py").write_text(VERL_RAY_INIT)
+    out = tmp_path / "env.json"
+    job_id = f"verl-env-{os.getpid()}"
+    client = connect(runs_dir=cluster["runs"])
+    argv = [sys.executable, str(tmp_path / "probe.py"), str(out), *launch.overrides(spec, run_dir)]
+    submit(client, argv, job_id, env=launch.env(spec, run_dir))
+    deadline = time.monotonic() + 120
+    while (status := str(client.get_job_status(job_id))) not in ("SUCCEEDED", "FAILED", "STOPPED"):
+        assert time.monotonic() < deadline, "the probe job did not end in 120 s"
+        time.sleep(0.5)
+    assert status == "SUCCEEDED", client.get_job_logs(job_id)[-3000:]
+    got = json.loads(out.read_text())
+    assert got["VERL_USE_EXTERNAL_MODULES"] == launch.PLUGIN_MODULE
+    assert got["VERL_FILE_LOGGER_PATH"] == str(run_dir / "metrics.jsonl")
+    assert got["TOKENIZERS_PARALLELISM"] == "true"  # verl's own runtime_env, merged with the job's

@@ -176,9 +176,10 @@ def assert_config_is_the_spec(spec: ExperimentSpec, cfg, run_dir: Path) -> None:
     )
     assert cfg.trainer.default_local_dir == str(run_dir / "checkpoints")
     assert "file" in cfg.trainer.logger
-    env_vars = cfg.ray_kwargs.ray_init.runtime_env.env_vars
-    assert str(run_dir / "metrics.jsonl") == env_vars.VERL_FILE_LOGGER_PATH
-    assert env_vars.VERL_USE_EXTERNAL_MODULES == "rpg_cli.backends.verl.plugin"
+    env_vars = launch.env(spec, run_dir)  # the job's runtime_env, their one home (not verl's ray.init's)
+    assert "env_vars" not in cfg.ray_kwargs.ray_init.get("runtime_env", {})
+    assert str(run_dir / "metrics.jsonl") == env_vars["VERL_FILE_LOGGER_PATH"]
+    assert env_vars["VERL_USE_EXTERNAL_MODULES"] == "rpg_cli.backends.verl.plugin"
     assert cfg.reward.custom_reward_function.path == "pkg://rpg_cli.rewards"
 
 

@@ -60,8 +60,10 @@ def resources(spec: ExperimentSpec) -> tuple[float, float]:
 
 
 def env(spec: ExperimentSpec, run_dir: Path) -> dict[str, str]:
-    """runtime_env env vars: the plugin for every verl process, metrics into the run directory, and what
-    verl's tracking.py reads for the spec's trackers (W&B group/tags/id, TENSORBOARD_DIR, MLflow's URI)."""
+    """The job's runtime_env env vars, which Ray passes on to every verl process of the job: the plugin,
+    metrics into the run directory, and what verl's tracking.py reads for the spec's trackers (W&B
+    group/tags/id, TENSORBOARD_DIR, MLflow's URI). Their one home: verl's own ray.init runtime_env must
+    not repeat them (Ray 2.60 fails the job: "Failed to merge the Job's runtime env")."""
     return {
         "VERL_USE_EXTERNAL_MODULES": PLUGIN_MODULE,
         "VERL_FILE_LOGGER_PATH": str(rundir.metrics_path(Path(run_dir).absolute())),
@@ -171,6 +173,7 @@ def overrides(spec: ExperimentSpec, run_dir: Path) -> list[str]:
         "data.truncation": "error",
         "data.shuffle": True,
         "data.seed": spec.seed,  # the shuffle's generator
+        "data.apply_chat_template_kwargs": spec.chat_template_kwargs,  # as the local backend and `rpg eval` apply them
         # model
         "actor_rollout_ref.model.path": _model_path(spec.model),
         "actor_rollout_ref.model.use_remove_padding": True,
@@ -229,6 +232,8 @@ def overrides(spec: ExperimentSpec, run_dir: Path) -> list[str]:
         # rewards: the same scorer as `rpg eval`
         "reward.custom_reward_function.path": REWARD_FUNCTION,
         "reward.custom_reward_function.name": "compute_score",
+        # the spec's scorer overrides, over rpg_cli.benchmarks' table (compute_score reads both)
+        "+reward.custom_reward_function.reward_kwargs": {"scorers": spec.scorers} if spec.scorers else {},
         # trainer: resources, schedule, checkpoints, metrics
         "trainer.nnodes": spec.resources.nodes,
         "trainer.n_gpus_per_node": gpus,
@@ -248,9 +253,8 @@ def overrides(spec: ExperimentSpec, run_dir: Path) -> list[str]:
         values[f"{actor}.optim.optimizer_impl"] = OPTIMIZER_MODULE
     values.update(_tricks(spec))
     values.update(reference_overrides(spec))
-    # also in ray.init's runtime_env: verl passes its own to ray.init, and its workers must load the plugin
-    for key, value in env(spec, run_dir).items():
-        values[f"+ray_kwargs.ray_init.runtime_env.env_vars.{key}"] = value
+    # env(spec) is the job's runtime_env only: Ray hands a job's runtime_env to every task and actor of the
+    # job, and refuses a ray.init whose runtime_env repeats one of its keys (even with the same value)
     return [f"{key}={_hydra_value(value)}" for key, value in values.items()]
 
 
@@ -328,6 +332,8 @@ def _hydra_value(value: Any) -> str:
         return "null"
     if isinstance(value, (int, float)):
         return repr(value)
+    if isinstance(value, dict):
+        return "{" + ",".join(f"{_hydra_value(str(k))}:{_hydra_value(v)}" for k, v in value.items()) + "}"
     if isinstance(value, (list, tuple)):
         return "[" + ",".join(_hydra_value(v) for v in value) + "]"
     text = str(value)
