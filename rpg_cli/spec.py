@@ -38,6 +38,8 @@ from pydantic import (
     model_validator,
 )
 
+from rpg_cli.benchmarks import SCORERS
+
 if TYPE_CHECKING:
     from pydantic.fields import FieldInfo
 
@@ -340,6 +342,8 @@ class ReferenceTracker:
 
 # Where metrics are reported, not what a run computes: spec.json records these fields, the run id ignores them.
 NOT_IN_RUN_ID = ("trackers",)
+# Added after run ids were published: left out of the canonical spec while empty, so older ids stand.
+OMITTED_WHEN_EMPTY = ("chat_template_kwargs", "scorers")
 
 
 class ExperimentSpec(_Frozen):
@@ -357,7 +361,14 @@ class ExperimentSpec(_Frozen):
     reference: Reference = "iterative"
     model: str = Field(min_length=1)
     model_max_length: int | None = Field(None, ge=1)
+    # the tokenizer's chat-template arguments ({enable_thinking: false}: Qwen3 without thinking), applied alike
+    # by verl (data.apply_chat_template_kwargs), the local backend and `rpg eval`
+    chat_template_kwargs: dict[str, Any] = Field(default_factory=dict)
     data: Data
+    # benchmark (or data_source) -> scorer, over rpg_cli.benchmarks.SCORER_BY_BENCHMARK (the paper's choices)
+    scorers: dict[Annotated[str, Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]*$")], Literal[SCORERS]] = Field(
+        default_factory=dict
+    )
     train_batch_size: int = Field(ge=1)  # prompts per step
     rollout_n: int = Field(ge=1)  # responses per prompt
     ppo_mini_batch_size: int = Field(ge=1)  # prompts per mini-batch (verl semantics)
@@ -474,7 +485,8 @@ class ExperimentSpec(_Frozen):
 
     def canonical(self) -> dict[str, Any]:
         """The JSON-ready spec, defaults included: what spec.json holds (the run id hashes canonical_json)."""
-        return self.model_dump(mode="json")
+        dump = self.model_dump(mode="json")
+        return {k: v for k, v in dump.items() if v or k not in OMITTED_WHEN_EMPTY}
 
     def canonical_json(self) -> str:
         """What the run id hashes: the canonical spec less NOT_IN_RUN_ID."""

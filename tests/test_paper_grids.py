@@ -154,7 +154,8 @@ def dry_run(grid: str, cwd: Path, monkeypatch, *args: str):
 
     from rpg_cli.cli import app
 
-    write_eval_file(cwd / "data" / "dapo-math-17k-eng.parquet", 1)  # the grids' training file (the dry run checks it)
+    # the grids' training file (the dry run checks it): enough rows for a step's 512 prompts
+    write_eval_file(cwd / "data" / "dapo-math-17k-eng.parquet", 512)
     monkeypatch.chdir(cwd)
     return CliRunner().invoke(
         app,
@@ -214,3 +215,92 @@ def test_validations_per_run_count_the_start_every_k_steps_and_the_last():
         cost = validation_cost({**spec, "steps": steps, "val": {**spec["val"], "every": every}})
         assert cost.validations == expected
     assert validation_cost(ExperimentSpec.model_validate({**spec, "data": {"train_files": ["t.parquet"]}})) is None
+
+
+# ---------------------------------------------------------------- every value's source, and the conflicts listed
+
+import re  # noqa: E402
+
+# the fixed vocabulary of a source label (see the grids' headers): segments joined by "; "
+SOURCE_SEGMENT = re.compile(
+    r"paper (section \d+|Tables? \d+( \(\w+\))?(, (Table )?\d+( \(\w+\))?)*|Appendix [A-Z])\b.*"
+    r"|scripts [\w*./{},-]+(\.sh)?:\S+.*"
+    r"|rpg: \S+( \S+){2,}"
+)
+CONFLICT = re.compile(r" ?\[conflict: ([a-z0-9-]+)\]")
+HEADER_CONFLICT = re.compile(r"^#   ([a-z0-9-]+): ")
+# what the paper and the seed scripts disagree on, or leave open (issue "Benchmarks as they really are")
+REQUIRED_CONFLICTS = {"grpo-clip", "grpo-beta", "rpg-reinforce-lr", "grpo-tricks", "reference", "steps"}
+
+
+def labelled_lines(grid: str) -> tuple[list[tuple[int, str, str]], set[str]]:
+    """(line number, value, label) of every value line of a grid, and the conflicts its header lists."""
+    text = (REPO / "experiments" / f"{grid}.yaml").read_text()
+    header, values = set(), []
+    in_header, listing = True, False
+    for number, line in enumerate(text.splitlines(), start=1):
+        if in_header and line.startswith("#"):
+            listing = listing or line.startswith("# Conflicts")  # the list below that line
+            if listing and (m := HEADER_CONFLICT.match(line)):
+                header.add(m[1])
+            continue
+        in_header = False
+        if not line.strip() or line.lstrip().startswith("#"):
+            continue
+        value, _, label = line.partition(" # ")
+        if value.rstrip().endswith(":") and not label:  # a mapping's key (base:, data:, grid:): no value of its own
+            continue
+        values.append((number, value.strip(), label.strip()))
+    return values, header
+
+
+@pytest.mark.parametrize("grid", ALL)
+def test_every_value_names_its_source_from_the_fixed_vocabulary(grid):
+    values, header = labelled_lines(grid)
+    assert len(values) > 30
+    used = set()
+    for number, value, label in values:
+        assert label, f"{grid}.yaml line {number}: {value!r} has no source label"
+        used |= set(CONFLICT.findall(label))
+        for segment in CONFLICT.sub("", label).split("; "):
+            assert SOURCE_SEGMENT.fullmatch(segment), f"{grid}.yaml line {number}: {segment!r} is not a source label"
+    assert used <= header, f"{grid}.yaml: labels name conflicts its header does not list: {used - header}"
+    assert header <= used, f"{grid}.yaml: header conflicts no value names: {header - used}"
+    assert header >= REQUIRED_CONFLICTS
+
+
+def test_the_known_conflicts_label_the_values_they_concern():
+    for grid in GRIDS:
+        labels = {value: label for _, value, label in labelled_lines(grid)[0]}
+        assert labels["save_every: 20"].startswith("scripts ") and "save_freq=20" in labels["save_every: 20"]
+        assert labels["steps: 400"] == "paper Appendix H [conflict: steps]"
+        assert "[conflict: rpg-reinforce-lr]" in labels["- {algorithm: rpg_reinforce, lr: 5.0e-7}"]
+        assert (
+            labels["reference: iterative"].startswith("scripts ")
+            and "use_iterative_ref_model" in (labels["reference: iterative"])
+        )
+        assert labels["seed: 0"].startswith("rpg: ")
+        beta = next(label for value, label in labels.items() if value.startswith("beta: 1.0e-3"))
+        assert beta.startswith("scripts ") and "[conflict: grpo-beta]" in beta
+    qwen3 = {value: label for _, value, label in labelled_lines("paper-qwen3-4b")[0]}
+    assert "rpg: " in qwen3["context: [2k, 4k, 8k]"] and "[conflict: context-8k]" in qwen3["context: [2k, 4k, 8k]"]
+    assert "[conflict: checkpoint]" in qwen3["model: Qwen/Qwen3-4B"]
+    assert qwen3["chat_template_kwargs: {enable_thinking: false}"].startswith("rpg: ")
+    seven_b = {value: label for _, value, label in labelled_lines("paper-qwen25-7b-instruct")[0]}
+    assert "[conflict: optimizer]" in seven_b["optimizer: [adamw, schedule_free]"]
+
+
+@pytest.mark.parametrize("grid", ALL)
+def test_every_cell_saves_every_20_steps_as_the_scripts(grid):
+    assert {o["trainer.save_freq"] for *_, o in cells(grid)} == {"20"}
+
+
+def test_qwen3_cells_sample_without_thinking_on_verl_and_the_dry_run_says_so(tmp_path, monkeypatch):
+    for *_, o in cells("paper-qwen3-4b"):
+        assert o["data.apply_chat_template_kwargs"] == "{enable_thinking:false}"
+    for *_, o in cells("paper-qwen25-7b-instruct"):
+        assert o["data.apply_chat_template_kwargs"] == "{}"
+    for name, n in (("aime-2024", 2), ("aime-2025", 3), ("amc-2023", 4)):
+        write_eval_file(tmp_path / "data" / f"{name}.parquet", n)
+    line = " ".join(dry_run("paper-qwen3-4b", tmp_path, monkeypatch).output.split())
+    assert "scorers: aime24 dapo; chat template: enable_thinking=False (20 runs)" in line

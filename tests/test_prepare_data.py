@@ -111,7 +111,7 @@ def test_any_local_file_becomes_verl_rows_one_per_problem(kind, three_formats, t
             "prompt": [{"content": PAPER_PROMPT.format(problem), "role": "user"}],
             "ability": "MATH",
             "reward_model": {"ground_truth": truth, "style": "rule-lighteval/MATH_v2"},
-            "extra_info": {"index": position, "raw_problem": problem, "split": None},
+            "extra_info": {"index": position, "raw_problem": problem, "split": None, "raw_answer": None},
         }
         for position, (problem, _, truth) in enumerate(PROBLEMS)
     ]
@@ -196,7 +196,7 @@ def test_appendix_benchmarks_and_the_papers_training_file_from_local_copies(tmp_
     assert result.exit_code == 0, result.output
     written = {p.name: rows_of(p) for p in (tmp_path / "data").iterdir()}
     assert {r["data_source"] for r in written["minerva-math.parquet"]} == {"minerva_math"}
-    assert [r["reward_model"]["ground_truth"] for r in written["olympiadbench.parquet"]] == ["$1$, $2$", "$7$"]
+    assert [r["reward_model"]["ground_truth"] for r in written["olympiadbench.parquet"]] == ["1, 2", "7"]
     assert {r["data_source"] for r in written["olympiadbench.parquet"]} == {"olympiadbench"}
     # the English filter stays on as a fallback (the original DAPO-Math-17k has Chinese problems)
     assert [r["extra_info"]["raw_problem"] for r in written["dapo-math-17k-eng.parquet"]] == [
@@ -263,7 +263,9 @@ def test_output_schema_is_exactly_the_paper_schema(three_formats, tmp_path):
     for name, _, _ in REFERENCE.values():
         reference = pq.read_schema(SHARED_DATA / name).remove_metadata()
         columns = [f for f in reference if not f.name.startswith("__index_level")]  # pandas' saved index
-        assert pa.schema(columns).equals(ours), name
+        # the paper's columns, plus extra_info.raw_answer (the source's answer where rpg normalized it)
+        extra = pa.struct([*columns[-1].type, pa.field("raw_answer", pa.string())])
+        assert pa.schema([*columns[:-1], pa.field("extra_info", extra)]).equals(ours), name
 
 
 @needs_reference
@@ -592,7 +594,9 @@ def test_help_teaches_by_example():
         ("  ", None),
         (True, None),
         ([1, 2], "1, 2"),
-        (["$3$", " 5 "], "$3$, 5"),
+        (["$3$", " 5 "], "3, 5"),  # OlympiadBench's final_answer: math delimiters dropped per element
+        (["$\\frac{1}{2}$"], "\\frac{1}{2}"),
+        (["\\(x\\)", "$a$ and $b$"], "x, $a$ and $b$"),
         ([1, None], None),
         ([[1], 2], None),
     ],
@@ -614,3 +618,125 @@ def test_foreign_script_share_ignores_latex_and_greek():
     assert foreign_script_share("Let $\\alpha\\beta$ be π and ℝ; café.") == 0.0
     assert foreign_script_share("求 $x$") == pytest.approx(1 / 2)
     assert foreign_script_share("\\frac\\sqrt\\left\\right 求") == 1.0  # command names are not letters
+
+
+# --- answers as the Hub stores them ---------------------------------------------------------------------------
+
+
+def hub_shaped_sources(tmp: Path) -> dict[str, Path]:
+    """One file per preset with its Hub copy's column names and answer types (no network)."""
+    aime24 = write_jsonl(  # HuggingFaceH4/aime_2024: id, problem, solution, answer (text), url, year
+        tmp / "aime_2024.jsonl",
+        [
+            {"id": 60, "problem": "Find $m+n$.", "solution": "...", "answer": "033", "url": "u", "year": 2024},
+            {"id": 61, "problem": "Find $k$.", "solution": "...", "answer": "204", "url": "u", "year": 2024},
+        ],
+    )
+    aime25 = write_jsonl(tmp / "aime25.jsonl", [{"problem": "Find $p$.", "answer": "070", "id": "0"}])  # math-ai/aime25
+    amc23 = tmp / "amc23.parquet"  # math-ai/amc23: answers as floats
+    pq.write_table(
+        pa.table({"id": [0, 1], "question": ["How many $a$?", "What is $b$?"], "answer": [27.0, 0.5]}), amc23
+    )
+    minerva = tmp / "minervamath.parquet"  # math-ai/minervamath: question, answer (text)
+    pq.write_table(pa.table({"question": ["Mass of $X$ in kg?"], "answer": ["3.5"]}), minerva)
+    olympiad = tmp / "olympiadbench.parquet"  # math-ai/olympiadbench: final_answer a list of $...$ strings
+    pq.write_table(
+        pa.Table.from_pylist(
+            [
+                {"id": 1, "question": "Find all $n$.", "final_answer": ["$1$", "$2$"], "is_multiple_answer": True},
+                {"id": 2, "question": "Find $x$.", "final_answer": ["$\\frac{1}{2}$"], "is_multiple_answer": False},
+            ]
+        ),
+        olympiad,
+    )
+    return {"aime24": aime24, "aime25": aime25, "amc23": amc23, "minerva_math": minerva, "olympiadbench": olympiad}
+
+
+def test_hub_shaped_answers_are_written_as_the_scorers_expect_and_the_originals_kept(tmp_path):
+    sources = hub_shaped_sources(tmp_path)
+    result = run(*(f"{name}={path}" for name, path in sources.items()), "--out", str(tmp_path / "data"))
+    assert result.exit_code == 0, result.output
+    truths = {
+        name: [(r["reward_model"]["ground_truth"], r["extra_info"]["raw_answer"]) for r in rows_of(path)]
+        for name, path in (
+            ("aime24", tmp_path / "data" / "aime-2024.parquet"),
+            ("aime25", tmp_path / "data" / "aime-2025.parquet"),
+            ("amc23", tmp_path / "data" / "amc-2023.parquet"),
+            ("minerva_math", tmp_path / "data" / "minerva-math.parquet"),
+            ("olympiadbench", tmp_path / "data" / "olympiadbench.parquet"),
+        )
+    }
+    assert truths == {
+        "aime24": [("33", "033"), ("204", None)],  # AIME answers are integers 0-999
+        "aime25": [("70", "070")],
+        "amc23": [("27", None), ("0.5", None)],  # floats read as the numbers they are
+        "minerva_math": [("3.5", None)],  # no integer rule outside the integer-answer sets
+        "olympiadbench": [("1, 2", '["$1$", "$2$"]'), ("\\frac{1}{2}", '["$\\\\frac{1}{2}$"]')],
+    }
+    line = " ".join(result.stdout.split())
+    assert "answers normalized: 1 (extra_info.raw_answer)" in line  # aime24's, among others
+    # the right answers now score right with each benchmark's scorer (before: 33 vs 033 and 1, 2 vs $1$, $2$ were wrong)
+    from rpg_cli.rewards import compute_score
+
+    for path in (tmp_path / "data").glob("*.parquet"):
+        for row in rows_of(path):
+            truth = row["reward_model"]["ground_truth"]
+            assert compute_score(row["data_source"], f"So.\nAnswer: {truth}", truth)["acc"] is True, (path, truth)
+    assert compute_score("aime24", "Answer: 33", "33")["acc"] and compute_score("amc_23", "Answer: 27", "27")["acc"]
+    assert compute_score("olympiadbench", "Answer: 2, 1", "1, 2")["acc"] is True
+    assert compute_score("olympiadbench", "Answer: 1", "1, 2")["acc"] is False
+
+
+def test_prepared_table7_benchmarks_evaluate_with_their_scorers_end_to_end(tmp_path):
+    """`rpg prepare-data minerva_math olympiadbench` (local copies), then `rpg eval`'s pipeline with a stand-in
+    generator answering right, and one answering wrong: each benchmark scored by math-verify, as the table says."""
+    from rpg_cli.evaluation.generation import Response
+    from rpg_cli.evaluation.options import EvalOptions
+    from rpg_cli.evaluation.pipeline import run_eval
+    from rpg_cli.evaluation.plan import plan_eval
+    from rpg_cli.store import open_store
+
+    sources = hub_shaped_sources(tmp_path)
+    args = [f"{name}={sources[name]}" for name in ("minerva_math", "olympiadbench")]
+    assert run(*args, "--out", str(tmp_path / "data")).exit_code == 0
+    model = tmp_path / "model"
+    model.mkdir()
+    (model / "config.json").write_text("{}")
+    (model / "model.safetensors").write_bytes(b"")
+    # right answers as a model writes them: with a unit, the set in another order, 0.5 for 1/2
+    right = {"Mass of $X$ in kg?": "3.5 kg", "Find all $n$.": "2, 1", "Find $x$.": "0.5"}
+
+    class Answering:
+        def __init__(self, wrong: bool):
+            self.wrong = wrong
+
+        def generate(self, problems, seeds, sampling):
+            def text(problem):
+                raw = problem.messages[0]["content"]
+                answer = next(a for q, a in right.items() if q in raw)
+                return f"Thinking.\nAnswer: {'9' if self.wrong else answer}"
+
+            return [[Response(text(p), 5)] * sampling.k for p in problems]
+
+        def close(self):
+            pass
+
+    for wrong, expected in ((False, 1.0), (True, 0.0)):
+        options = EvalOptions(
+            ref=str(model),
+            benchmarks=("minerva_math", "olympiadbench"),
+            k=2,
+            data_dir=str(tmp_path / "data"),
+            db=f"sqlite:///{tmp_path / ('wrong' if wrong else 'right')}.db",
+            runs_dir=str(tmp_path / "runs" / str(wrong)),
+            engine="hf",
+        )
+        store = open_store(options.db)
+        try:
+            results = run_eval(plan_eval(options), store, make_generator=lambda path, engine, w=wrong: Answering(w))
+        finally:
+            store.close()
+        assert {(r.benchmark, r.scorer, r.values["mean@k"]) for r in results} == {
+            ("minerva_math", "math_verify", expected),
+            ("olympiadbench", "math_verify", expected),
+        }

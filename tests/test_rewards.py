@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 
 from rpg_cli import rewards
+from rpg_cli.benchmarks import NoScorerError, scorer_for
 from rpg_cli.rewards import compute_score, score, score_batch, scorer_version
 from rpg_cli.rewards import math_verify_pool as pool_module
 from rpg_cli.rewards.dapo import normalize_final_answer, score_dapo
@@ -280,7 +281,8 @@ def test_score_with_math_verify_uses_the_shared_pool():
 
 
 def test_compute_score_routes_math_sources_to_dapo(eval_rows):
-    for source in sorted({row["data_source"] for row in eval_rows}) + ["math_dapo", "aime24", "amc23", "dapo_math_17k"]:
+    sources = ["math_dapo", "aime24", "amc23", "math_dapo_holdout", "toy_add"]
+    for source in sorted({row["data_source"] for row in eval_rows}) + sources:
         assert compute_score(source, "Answer: 5", "5", extra_info={"index": 0}) == {
             "score": 1.0,
             "acc": True,
@@ -300,9 +302,106 @@ def test_compute_score_scorer_kwarg_and_verl_extras():
 
 
 def test_compute_score_refuses_unknown_sources_unless_a_scorer_is_named():
-    with pytest.raises(ValueError, match="openai/gsm8k.*scorer=dapo"):
-        compute_score("openai/gsm8k", "Answer: 5", "5")
-    assert compute_score("openai/gsm8k", "Answer: 5", "5", scorer="dapo")["acc"] is True
+    with pytest.raises(NoScorerError, match=r"no scorer for benchmark 'gsm8k'.*scorers: \{gsm8k: dapo\}"):
+        compute_score("gsm8k", "Answer: 5", "5")
+    assert compute_score("gsm8k", "Answer: 5", "5", scorer="dapo")["acc"] is True
+    assert compute_score("gsm8k", "Answer: 5", "5", scorers={"gsm8k": "dapo"})["acc"] is True
+
+
+def test_one_table_gives_every_benchmark_the_papers_scorer_and_a_spec_overrides_it():
+    table = {name: scorer_for(name) for name in ("aime24", "aime25", "amc23", "minerva_math", "olympiadbench")}
+    assert table == {
+        "aime24": "dapo",
+        "aime25": "dapo",
+        "amc23": "dapo",
+        "minerva_math": "math_verify",  # the paper's verl fork: math-verify for Minerva-Math and OlympiadBench
+        "olympiadbench": "math_verify",
+    }
+    # verl's data sources, the paper's files' and a held-out slice are judged as their benchmark
+    assert [scorer_for(s) for s in ("math_dapo", "aime2025", "amc_23", "minerva-math", "math_dapo_holdout")] == [
+        "dapo"
+    ] * 3 + ["math_verify", "dapo"]
+    assert scorer_for("toy_add") == "dapo"  # as the local backend scored the toy task before the table
+    assert scorer_for("minerva-math", {"minerva_math": "dapo"}) == "dapo"  # by benchmark name or data source
+    assert scorer_for("olympiadbench", {"olympiadbench": "dapo"}) == "dapo"
+    # the same answer, judged by each benchmark's rule: math-verify sees 0.5 = 1/2, the Answer: rule does not
+    assert compute_score("minerva_math", "Answer: 0.5", "\\frac{1}{2}")["acc"] is True
+    assert compute_score("aime25", "Answer: 0.5", "\\frac{1}{2}")["acc"] is False
+    assert (
+        compute_score("minerva_math", "Answer: 0.5", "\\frac{1}{2}", scorers={"minerva_math": "dapo"})["acc"] is False
+    )
+
+
+def test_verls_reward_entry_point_scores_a_toy_row_with_no_scorer_passed(tmp_path):
+    """The function verl 0.9.1 calls (its reward managers: compute_score(data_source=, solution_str=,
+    ground_truth=, extra_info=) merged with custom_reward_function.reward_kwargs), loaded by verl from the
+    overrides rpg generates for a toy run: no scorer by hand."""
+    pytest.importorskip("verl")
+    import verl
+    from hydra import compose, initialize_config_dir
+    from verl.trainer.ppo.reward import get_custom_reward_fn
+
+    from rpg_cli.backends.verl import launch
+    from rpg_cli.spec import ExperimentSpec
+
+    toy = {
+        "algorithm": "rpg",
+        "kl": "urkl",
+        "beta": 1e-4,
+        "clip": "off",
+        "optimizer": "adamw",
+        "context": "2k",
+        "model": str(tmp_path / "model"),
+        "data": {"train_files": [str(tmp_path / "train.parquet")]},
+        "train_batch_size": 2,
+        "rollout_n": 2,
+        "ppo_mini_batch_size": 2,
+        "lr": 1e-6,
+        "steps": 1,
+        "seed": 0,
+        "save_every": 1,
+        "backend": "verl",
+        "resources": {"nodes": 1, "gpus_per_node": 1, "cpus": 1},
+    }
+
+    def reward_fn(**changes):
+        spec = ExperimentSpec.model_validate({**toy, **changes})
+        with initialize_config_dir(
+            config_dir=str(Path(verl.__file__).parent / "trainer" / "config"), version_base=None
+        ):
+            return get_custom_reward_fn(compose(config_name="ppo_trainer", overrides=launch.overrides(spec, tmp_path)))
+
+    fn = reward_fn()
+    row = {"data_source": "toy_add", "ground_truth": "7", "extra_info": {"index": 0, "split": None}}
+    right = fn(data_source=row["data_source"], solution_str="3 + 4\nAnswer: 7", ground_truth="7", extra_info={})
+    assert right == {"score": 1.0, "acc": True, "pred": "7"}
+    assert (
+        fn(data_source="toy_add", solution_str="Answer: 8", ground_truth="7", extra_info=row["extra_info"])["acc"]
+        is False
+    )
+    # a spec's override reaches verl's call through reward_kwargs
+    overridden = reward_fn(scorers={"minerva_math": "dapo"})
+    args = dict(data_source="minerva_math", solution_str="Answer: 0.5", ground_truth="\\frac{1}{2}", extra_info={})
+    assert overridden(**args)["acc"] is False and fn(**args)["acc"] is True
+    with pytest.raises(NoScorerError, match="gsm8k"):
+        fn(data_source="gsm8k", solution_str="Answer: 7", ground_truth="7", extra_info={})
+
+
+@pytest.mark.parametrize(
+    "response, truth, acc",
+    [
+        ("Answer: 1, 2", "1, 2", True),  # a bare "1, 2" would parse as its last number, 2
+        ("Answer: 2, 1", "1, 2", True),  # multi-answer problems compare as sets
+        ("Answer: $1, 2$", "1, 2", True),
+        ("So $\\boxed{2, 1}$", "1, 2", True),
+        ("Answer: 1", "1, 2", False),
+        ("Answer: 1, 2, 3", "1, 2", False),
+        ("Answer: 5.", "5", True),  # a sentence's full stop is not part of the answer
+        ("Answer: (1, 2)", "(1,2)", True),
+    ],
+)
+def test_math_verify_judges_the_answer_line_boxed_so_several_answers_are_a_set(pool, response, truth, acc):
+    assert pool.score_one(response, truth)["acc"] is acc
 
 
 @pytest.mark.timeout(120)
@@ -318,6 +417,7 @@ def test_compute_score_math_verify_from_many_threads():
 def test_scorer_versions_are_distinct_labels():
     assert scorer_version("dapo").startswith("dapo-")
     assert scorer_version("math_verify").startswith("math-verify-")
+    assert scorer_version("math_verify").endswith("+rpg2")  # the Answer: line boxed: verdicts of its own
     with pytest.raises(ValueError):
         scorer_version("other")
 

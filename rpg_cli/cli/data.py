@@ -182,6 +182,8 @@ def _print_prepare_summary(reports: list) -> None:
     for r in reports:
         dropped = "\n".join(f"{n:,} {reason}" for reason, n in r.dropped.items()) or "-"
         origin = f"{r.origin}\nfields: {r.question_field}, {r.answer_field}"
+        if r.normalized:  # the source's answers are kept in extra_info.raw_answer
+            origin += f"\nanswers normalized: {r.normalized:,} (extra_info.raw_answer)"
         table.add_row(r.name, origin, f"{r.read:,}", dropped, f"{r.problems:,}", str(r.output))
         if r.held_out:
             held = f"{r.held_out:,}"

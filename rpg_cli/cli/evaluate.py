@@ -31,10 +31,11 @@ def evaluate(
     ),
     steps: str = typer.Option("last", "--steps", metavar="last|all|N,M", help="Which checkpoints of a run."),
     scorer: str = typer.Option(
-        "dapo",
+        None,
         "--scorer",
         metavar="SCORER",
-        help="dapo (the paper's Answer: rule) or math_verify (symbolic equivalence).",
+        help="dapo (the paper's Answer: rule) or math_verify (symbolic equivalence) for every benchmark "
+        "(default: each benchmark's, as training scored it: the run's `scorers:`, else the paper's choice).",
     ),
     data_dir: str = typer.Option(
         "data", "--data-dir", metavar="DIR", help="Where `rpg prepare-data` wrote the benchmark files."
@@ -161,18 +162,20 @@ def evaluate(
         raise typer.Exit(130) from None
     finally:
         progress.stop()
-    _print_eval_results(results, scorer, console)
+    _print_eval_results(results, console)
 
 
-def _print_eval_results(results: list, scorer: str, console) -> None:
+def _print_eval_results(results: list, console) -> None:
     from rich.table import Table
 
-    table = Table(title=f"eval (scorer {scorer})")
+    table = Table(title="eval")
     passes = sorted({name for r in results for name in r.values if name.startswith("pass@")}, key=lambda n: int(n[5:]))
     columns = ["mean@k", *passes, "maj@k", "std@k"]
-    for column in ("run", "step", "benchmark", "k", *columns):
-        table.add_column(column, justify="left" if column in ("run", "benchmark") else "right")
+    for column in ("run", "step", "benchmark", "scorer", "k", *columns):
+        table.add_column(column, justify="left" if column in ("run", "benchmark", "scorer") else "right")
     for r in results:
         cells = [r.values.get(c) for c in columns]
-        table.add_row(r.run, str(r.step), r.benchmark, str(r.k), *("-" if v is None else f"{v:.4f}" for v in cells))
+        table.add_row(
+            r.run, str(r.step), r.benchmark, r.scorer, str(r.k), *("-" if v is None else f"{v:.4f}" for v in cells)
+        )
     console.print(table)

@@ -85,6 +85,7 @@ def sweep(
     if output_format == "json":
         import json
 
+        from rpg_cli.benchmarks import describe_scorers
         from rpg_cli.spec import validation_cost
 
         rows = [
@@ -95,6 +96,7 @@ def sweep(
                 "state": states[p.id],
                 "entrypoint": p.entrypoint,
                 "validation": (cost := validation_cost(p.spec)) and cost.as_dict(),
+                "scorers": describe_scorers(p.spec),
             }
             for p in plans
         ]
@@ -159,6 +161,21 @@ def _print_sweep_plan(plans: list, states: dict[str, str], retry_failed: bool) -
             f"{every} steps and at the last)",
             highlight=False,
         )
+    for line, runs in _scoring_lines(plans).items():
+        console.print(f"{line} ({runs} runs)", highlight=False)
+
+
+def _scoring_lines(plans: list) -> dict[str, int]:
+    """How the runs' answers are judged and their prompts tokenized: a line per distinct setting, with its runs."""
+    from rpg_cli.benchmarks import describe_scorers
+
+    lines: dict[str, int] = {}
+    for p in plans:
+        line = f"scorers: {describe_scorers(p.spec)}"
+        kwargs = p.spec.get("chat_template_kwargs") or {}
+        line += "; chat template: " + (", ".join(f"{k}={v!r}" for k, v in kwargs.items()) or "the tokenizer's defaults")
+        lines[line] = lines.get(line, 0) + 1
+    return lines
 
 
 def _progress_caption(snapshot) -> str:

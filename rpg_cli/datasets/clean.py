@@ -60,14 +60,15 @@ def answer_text(value: Any) -> str | None:
     """The ground-truth answer as text, or None when missing.
 
     Numbers are written the way the answer is meant (27.0 read from a CSV or float column is
-    "27"); a one-element list (some hubs store answers as lists) is unwrapped, and a longer one (a
-    problem with several answers, as in OlympiadBench's final_answer) is written "a, b".
+    "27"); a list (OlympiadBench's final_answer: `["$1$", "$2$"]`) is written "1, 2": each element
+    without its math delimiters, as public loaders of that dataset do, so that a scorer sees one
+    formula (math-verify reads "1, 2" boxed as the set {1, 2}; "$1$, $2$" would be two formulas).
     """
-    if isinstance(value, (list, tuple)) and len(value) > 1:
+    if isinstance(value, (list, tuple)):
+        if not value or any(isinstance(v, (list, tuple)) for v in value):
+            return None
         parts = [answer_text(v) for v in value]
-        return None if None in parts or any(isinstance(v, (list, tuple)) for v in value) else ", ".join(parts)
-    if isinstance(value, (list, tuple)) and len(value) == 1:
-        value = value[0]
+        return None if None in parts else ", ".join(strip_math_delimiters(p) for p in parts)
     if value is None or isinstance(value, bool):
         return None
     if isinstance(value, float):
@@ -80,6 +81,30 @@ def answer_text(value: Any) -> str | None:
         text = value.strip()
         return text or None
     return None
+
+
+_DELIMITERS = (("$$", "$$"), ("$", "$"), ("\\(", "\\)"), ("\\[", "\\]"))
+# integer-valued answer text: "27", "27.0", "033", "+5" (AIME answers are integers 0-999; hub copies
+# store some as floats or with leading zeros)
+_INTEGER = re.compile(r"[+-]?\d+(?:\.0*)?")
+
+
+def strip_math_delimiters(text: str) -> str:
+    """`$x$`, `$$x$$`, `\\(x\\)`, `\\[x\\]` -> `x`; anything else (`$a$ and $b$`) unchanged."""
+    text = text.strip()
+    for opening, closing in _DELIMITERS:
+        if len(text) > len(opening) + len(closing) and text.startswith(opening) and text.endswith(closing):
+            inner = text[len(opening) : -len(closing)].strip()
+            if "$" not in inner and inner:
+                return inner
+    return text
+
+
+def integer_answer(answer: str) -> str:
+    """An integer-valued answer written as the integer ("27.0" -> "27", "033" -> "33"); others unchanged."""
+    if not _INTEGER.fullmatch(answer):
+        return answer
+    return str(int(answer.split(".")[0]))
 
 
 def foreign_script_share(text: str) -> float:

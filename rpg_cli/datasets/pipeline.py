@@ -7,6 +7,7 @@ written to a temporary name and renamed into place.
 
 from __future__ import annotations
 
+import json
 import os
 import random
 import uuid
@@ -29,6 +30,7 @@ from rpg_cli.datasets.clean import (
     UNREADABLE,
     answer_text,
     dedup_key,
+    integer_answer,
     is_english,
     question_text,
 )
@@ -60,6 +62,7 @@ class SourceReport:
     problems: int  # written to `output` (held-out ones excluded)
     held_out: int = 0  # written to `holdout_output` instead
     holdout_output: Path | None = None
+    normalized: int = 0  # answers written otherwise than the source stored them (extra_info.raw_answer keeps it)
 
 
 class PrepareError(SourceError):
@@ -70,10 +73,14 @@ class PrepareError(SourceError):
         self.reports = reports
 
 
+# (raw problem, ground truth as written, the source's answer where that differs, else None)
+Problem = tuple[str, str, str | None]
+
+
 @dataclass
 class Collected:
     spec: SourceSpec
-    problems: list[tuple[str, str]]  # (raw problem, ground truth), first-seen order
+    problems: list[Problem]  # first-seen order
     report: SourceReport = field(repr=False)
 
 
@@ -106,7 +113,7 @@ def prepare(specs: Sequence[SourceSpec], *, strict: bool = False) -> list[Source
     return reports
 
 
-def split_holdout(collected: Collected) -> tuple[list[tuple[str, str]], list[tuple[str, str]]]:
+def split_holdout(collected: Collected) -> tuple[list[Problem], list[Problem]]:
     """(kept, held out): `spec.holdout` problems drawn at random (seed HOLDOUT_SEED, so the same file
     gives the same split) and held out of training, both in file order; the report updated."""
     spec, problems = collected.spec, collected.problems
@@ -138,7 +145,8 @@ def collect(spec: SourceSpec) -> Collected:
     # Raw question text -> raw answer of its first kept-or-filtered occurrence: DAPO-Math-17k
     # repeats each prompt ~100 times verbatim, and those rows need no parsing at all.
     seen_raw: dict[str, Any] = {}
-    problems: list[tuple[str, str]] = []
+    problems: list[Problem] = []
+    normalized = 0
     try:
         for number, (question_value, answer_value) in rows.iter_values([question_field, answer_field]):
             if (
@@ -159,6 +167,8 @@ def collect(spec: SourceSpec) -> Collected:
                 dropped[MISSING_ANSWER] += 1
                 malformed.append((number, f"{MISSING_ANSWER} (field {answer_field})"))
                 continue
+            if spec.integer_answers:
+                answer = integer_answer(answer)
             if spec.dedup:
                 key = dedup_key(problem)
                 if key in first_answer:
@@ -170,7 +180,10 @@ def collect(spec: SourceSpec) -> Collected:
             if spec.english_only and not is_english(problem):
                 dropped[NON_ENGLISH] += 1
                 continue
-            problems.append((problem, answer))
+            stored = source_answer(answer_value)
+            raw_answer = stored if stored is not None and stored != answer else None
+            normalized += raw_answer is not None
+            problems.append((problem, answer, raw_answer))
     except (pa.ArrowException, OSError) as exc:
         raise SourceError(f"{label}: cannot read rows: {' '.join(str(exc).split())}") from exc
 
@@ -185,8 +198,18 @@ def collect(spec: SourceSpec) -> Collected:
         dropped={reason: dropped[reason] for reason in DROP_REASONS if dropped[reason]},
         malformed=[(rows.location(number), why) for number, why in malformed],
         problems=len(problems),
+        normalized=normalized,
     )
     return Collected(spec=spec, problems=problems, report=report)
+
+
+def source_answer(value: Any) -> str | None:
+    """An answer as its source stored it, as text (a list as JSON); None for numbers, whose text is rpg's."""
+    if isinstance(value, str):
+        return value.strip()
+    if isinstance(value, (list, tuple)):
+        return json.dumps(list(value), ensure_ascii=False)
+    return None
 
 
 def resolve_field(rows: RawRows, explicit: str | None, candidates: Iterable[str], kind: str, label: str) -> str:
@@ -208,17 +231,17 @@ def resolve_field(rows: RawRows, explicit: str | None, candidates: Iterable[str]
 
 
 def verl_batches(
-    problems: Sequence[tuple[str, str]], data_source: str, rows_per_group: int | None = None
+    problems: Sequence[Problem], data_source: str, rows_per_group: int | None = None
 ) -> Iterator[pa.RecordBatch]:
-    """The rows of one output file: one per (problem, answer), `extra_info.index` its position.
+    """The rows of one output file: one per problem, `extra_info.index` its position.
 
     (The paper's evaluation files held 32 copies of each problem, numbered 0..31, sampled once each;
     here a problem's k samples come from the sampler, grouped, so that pass@k and maj@k can be computed.)
     """
     size = rows_per_group or ROWS_PER_GROUP
     rows: list[dict[str, Any]] = []
-    for position, (problem, answer) in enumerate(problems):
-        rows.append(verl_row(problem, answer, data_source, position))
+    for position, (problem, answer, raw_answer) in enumerate(problems):
+        rows.append(verl_row(problem, answer, data_source, position, raw_answer))
         if len(rows) == size:
             yield rows_to_batch(rows)
             rows = []

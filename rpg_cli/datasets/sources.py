@@ -27,6 +27,7 @@ class Preset:
     english_only: bool
     train: bool = False  # the training set; every other preset is an evaluation benchmark
     default: bool = True  # prepared by a bare `rpg prepare-data`
+    integer_answers: bool = False  # every answer an integer: "27.0" and "033" are written 27 and 33
 
 
 PRESETS: dict[str, Preset] = {
@@ -57,6 +58,7 @@ PRESETS: dict[str, Preset] = {
             question_field="problem",
             answer_field="answer",
             english_only=False,
+            integer_answers=True,
         ),
         Preset(
             name="aime25",
@@ -67,6 +69,7 @@ PRESETS: dict[str, Preset] = {
             question_field="problem",
             answer_field="answer",
             english_only=False,
+            integer_answers=True,
         ),
         Preset(
             name="amc23",
@@ -77,6 +80,7 @@ PRESETS: dict[str, Preset] = {
             question_field="question",
             answer_field="answer",
             english_only=False,
+            integer_answers=True,
         ),
         # The appendix benchmarks (Table 7), named as the paper's table names them.
         Preset(
@@ -130,6 +134,7 @@ class SourceSpec:
     answer_field: str | None
     local_hint: str  # how to point this source at a local file instead
     holdout: int = 0  # problems held out of `output` into `holdout_output` (a training set's selection set)
+    integer_answers: bool = False  # the preset's: integer-valued answers written as integers
 
     @property
     def holdout_output(self) -> Path:
@@ -227,6 +232,7 @@ def _preset_spec(arg: str, from_origin: str | None, out_dir: Path, options: Sour
         answer_field=options.answer_field or (preset.answer_field if own_hub else None),
         local_hint=f"rpg prepare-data {preset.name}=FILE",
         holdout=options.holdout if preset.train else 0,
+        integer_answers=preset.integer_answers,
     )
 
 

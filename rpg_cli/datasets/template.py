@@ -21,8 +21,10 @@ ABILITY = "MATH"
 # chosen by `data_source`.
 REWARD_STYLE = "rule-lighteval/MATH_v2"
 
-# Field order and types exactly as in the paper's files. `extra_info.split` is always null there
-# (the paper's README: "split": None), which Arrow stores as the null type.
+# Field order and types as in the paper's files, plus `extra_info.raw_answer`: the answer as the source
+# stored it where rpg wrote it otherwise (`["$1$", "$2$"]` -> "1, 2", "033" -> "33"), else null.
+# `extra_info.split` is always null there (the paper's README: "split": None), which Arrow stores as the
+# null type.
 VERL_SCHEMA = pa.schema(
     [
         pa.field("data_source", pa.string()),
@@ -42,6 +44,7 @@ VERL_SCHEMA = pa.schema(
                     pa.field("index", pa.int64()),
                     pa.field("raw_problem", pa.string()),
                     pa.field("split", pa.null()),
+                    pa.field("raw_answer", pa.string()),
                 ]
             ),
         ),
@@ -65,12 +68,13 @@ def unwrap_prompt(text: str) -> str:
     return text
 
 
-def verl_row(problem: str, answer: str, data_source: str, index: int) -> dict[str, Any]:
-    """One parquet row in verl's format for a problem and its ground-truth answer."""
+def verl_row(problem: str, answer: str, data_source: str, index: int, raw_answer: str | None = None) -> dict[str, Any]:
+    """One parquet row in verl's format for a problem and its ground-truth answer (and the source's, where
+    rpg normalized it)."""
     return {
         "data_source": data_source,
         "prompt": [{"content": make_prompt(problem), "role": "user"}],
         "ability": ABILITY,
         "reward_model": {"ground_truth": answer, "style": REWARD_STYLE},
-        "extra_info": {"index": index, "raw_problem": problem, "split": None},
+        "extra_info": {"index": index, "raw_problem": problem, "split": None, "raw_answer": raw_answer},
     }

@@ -58,7 +58,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     for r in results:
         values = " ".join(f"{name} {value:.4f}" for name, value in r.values.items() if value is not None)
-        print(f"{r.run} step {r.step} {r.benchmark} (k={r.k}): {values}", flush=True)
+        print(f"{r.run} step {r.step} {r.benchmark} (k={r.k}, scorer {r.scorer}): {values}", flush=True)
     return 0
 
 

@@ -106,7 +106,7 @@ class HFGenerator:
 
         out = []
         for problem, seed in zip(problems, seeds):
-            ids = encode_prompt(self.tokenizer, list(problem.messages))
+            ids = encode_prompt(self.tokenizer, list(problem.messages), sampling.chat_template_kwargs)
             budget = sampling.max_tokens
             if self.max_positions:
                 budget = max(1, min(budget, self.max_positions - len(ids)))
@@ -158,7 +158,7 @@ class VLLMGenerator:
 
         prompts, params = [], []
         for problem, seed in zip(problems, seeds):
-            ids = encode_prompt(self.tokenizer, list(problem.messages))
+            ids = encode_prompt(self.tokenizer, list(problem.messages), sampling.chat_template_kwargs)
             budget = sampling.max_tokens
             if self.max_model_len:
                 budget = max(1, min(budget, self.max_model_len - len(ids)))

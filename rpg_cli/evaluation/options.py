@@ -30,7 +30,8 @@ class EvalOptions(BaseModel):
     benchmarks: tuple[str, ...] = DEFAULT_BENCHMARKS  # presets or prepared .parquet files
     k: int | None = None  # samples per problem; default: the run's val.n (32 without a spec)
     steps: str = "last"  # last | all | N,M,...
-    scorer: str = "dapo"
+    # None: each benchmark's (rpg_cli.benchmarks: the run's spec's override, else the table's)
+    scorer: str | None = None
     data_dir: str = "data"
     db: str = DEFAULT_DB_URL
     runs_dir: str = "runs"
@@ -45,7 +46,7 @@ class EvalOptions(BaseModel):
         # EvalError is no ValueError: pydantic lets it through as it is, one line
         from rpg_cli.rewards import SCORERS
 
-        if self.scorer not in SCORERS:
+        if self.scorer is not None and self.scorer not in SCORERS:
             raise EvalError(f"unknown scorer {self.scorer!r}; choose one of: {', '.join(SCORERS)}")
         if self.engine not in ENGINES:
             raise EvalError(f"unknown engine {self.engine!r}; choose one of: {', '.join(ENGINES)}")

@@ -48,6 +48,7 @@ class EvalResult:
     step: int
     benchmark: str
     k: int
+    scorer: str
     values: dict[str, float | None]  # "mean@k" -> value, "pass@1" .. "pass@k", "maj@k", "std@k"
 
 
@@ -64,7 +65,6 @@ def run_eval(
     """
     make_generator = make_generator or load_generator
     engine = pick_engine(plan.options.engine)
-    version = scorer_version(plan.scorer)
     counts = {"done": 0, "generated": 0}
 
     for target in plan.targets:
@@ -82,17 +82,19 @@ def run_eval(
                         if on_progress is not None:
                             on_progress(EvalProgress(counts["done"], plan.total_samples, label, counts["generated"]))
 
+                    scorer = plan.scorer_for(target, bench)
                     _evaluate_benchmark(
                         store,
                         target,
                         checkpoint.step,
                         bench,
-                        plan.scorer,
+                        scorer,
                         generator,
                         problems_per_call(engine, target.sampling.k),
                         advance,
                     )
-                    record_metrics(store, target.run_id, checkpoint.step, bench, plan.scorer, version, target.sampling)
+                    version = scorer_version(scorer)
+                    record_metrics(store, target.run_id, checkpoint.step, bench, scorer, version, target.sampling)
             finally:
                 generator.close()
     return eval_results(store, plan)
@@ -235,15 +237,16 @@ def eval_results(store: Store, plan: EvalPlan) -> list[EvalResult]:
         for checkpoint in target.checkpoints:
             for bench in plan.benchmarks:
                 values: dict[str, float | None] = {}
+                scorer = plan.scorer_for(target, bench)
                 for metric, k, value in store.eval_values(
-                    target.run_id, checkpoint.step, bench.name, plan.scorer, METRICS, target.sampling.protocol
+                    target.run_id, checkpoint.step, bench.name, scorer, METRICS, target.sampling.protocol
                 ):
                     if metric == "pass@k" and k <= n:
                         values[f"pass@{k}"] = value
                     elif metric != "pass@k" and k == n:
                         values[metric] = value
                 if "mean@k" in values:
-                    out.append(EvalResult(target.name, checkpoint.step, bench.name, n, values))
+                    out.append(EvalResult(target.name, checkpoint.step, bench.name, n, scorer, values))
     return out
 
 
@@ -254,7 +257,7 @@ def scored_count(store: Store, plan: EvalPlan) -> int:
             target.run_id,
             [c.step for c in target.checkpoints],
             bench.name,
-            plan.scorer,
+            plan.scorer_for(target, bench),
             target.sampling.protocol,
             [problem.key for problem in bench.problems],
         )

@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from rpg_cli import rundir
-from rpg_cli.benchmarks import benchmark_name
+from rpg_cli.benchmarks import NoScorerError, benchmark_name, scorer_for
 from rpg_cli.evaluation.options import EvalError, EvalOptions, parse_steps
 
 PLAIN_SWEEP = "checkpoints"  # the sweep under which models that belong to no run are recorded
@@ -34,6 +34,8 @@ class Sampling:
     top_p: float
     max_tokens: int
     seed: int
+    # the run's spec's: prompts are tokenized as the run trained (not part of the protocol: a run has one)
+    chat_template_kwargs: dict[str, Any] = field(default_factory=dict, hash=False)
 
     def describe(self) -> dict[str, Any]:
         return {
@@ -109,9 +111,9 @@ class EvalPlan:
     benchmarks: tuple[Benchmark, ...]
     skipped: tuple[str, ...] = field(default=())  # runs of a sweep without checkpoints, with why
 
-    @property
-    def scorer(self) -> str:
-        return self.options.scorer
+    def scorer_for(self, target: Target, bench: Benchmark) -> str:
+        """--scorer when given, else the run's spec's `scorers` override, else the table's (rpg_cli/benchmarks.py)."""
+        return self.options.scorer or scorer_for(bench.problems[0].data_source, (target.spec or {}).get("scorers"))
 
     @property
     def total_samples(self) -> int:
@@ -135,7 +137,14 @@ def plan_eval(options: EvalOptions) -> EvalPlan:
             f"benchmark {twice[0]} is in more than one of the files ({files}): its rows' data_source names it; "
             "evaluate one of them, or give one file another data_source (`rpg prepare-data --input --data-source`)"
         )
-    return EvalPlan(options, tuple(targets), benchmarks, tuple(skipped))
+    plan = EvalPlan(options, tuple(targets), benchmarks, tuple(skipped))
+    for target in plan.targets:
+        for bench in benchmarks:
+            try:
+                plan.scorer_for(target, bench)
+            except NoScorerError as e:
+                raise EvalError(f"{bench.path}: {e}") from None
+    return plan
 
 
 def _resolve_targets(options: EvalOptions) -> tuple[list[Target], list[str]]:
@@ -316,6 +325,7 @@ def sampling_for(spec: dict[str, Any] | None, options: EvalOptions) -> Sampling:
         top_p=options.top_p if options.top_p is not None else val["top_p"],
         max_tokens=options.max_tokens if options.max_tokens is not None else val["max_tokens"],
         seed=options.seed,
+        chat_template_kwargs=dict((spec or {}).get("chat_template_kwargs") or {}),
     )
 
 

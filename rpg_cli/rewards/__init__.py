@@ -5,33 +5,35 @@ Scorers (every one returns {"score": +1.0 or -1.0, "acc": bool, "pred": extracte
   math_verify  HF math-verify, symbolic equivalence (`0.5` == `\\frac{1}{2}`), run in worker processes
                with a per-item timeout (rewards.math_verify_pool).
 
+Which scorer judges a benchmark is decided in one place, `rpg_cli.benchmarks.SCORER_BY_BENCHMARK` (the
+paper's choices), overridable per spec (`scorers:`) or per `rpg eval` (`--scorer`).
+
 `compute_score` is verl's custom reward function entry:
   custom_reward_function.path=pkg://rpg_cli.rewards  custom_reward_function.name=compute_score
-  (reward_kwargs: scorer, timeout, workers).
+  (reward_kwargs: scorers, scorer, timeout, workers).
 Importing this package is cheap: math-verify is only imported inside its worker processes.
 """
 
 from __future__ import annotations
 
 import atexit
-import re
 import threading
+from collections.abc import Mapping
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
+from rpg_cli.benchmarks import SCORERS, scorer_for
 from rpg_cli.rewards.dapo import score_dapo
 
 if TYPE_CHECKING:
     from rpg_cli.rewards.math_verify_pool import MathVerifyPool
 
-SCORERS = ("dapo", "math_verify")
 DEFAULT_SCORER = "dapo"
 DEFAULT_TIMEOUT_S = 5.0  # per item, math_verify only
 DEFAULT_WORKERS = 2
 DAPO_RULE_VERSION = "1"  # bump when the dapo rule's verdicts change
-
-# Data sources whose ground truths are final math answers (verl's names and ours).
-_MATH_SOURCE = re.compile(r"math|aime|amc|dapo", re.IGNORECASE)
+# bump when what rpg hands math-verify changes (2: the Answer: line boxed, so "1, 2" is the set {1, 2})
+MATH_VERIFY_WRAP_VERSION = "2"
 
 _pools: dict[int, MathVerifyPool] = {}
 _pools_lock = threading.Lock()
@@ -84,25 +86,19 @@ def compute_score(
     ground_truth: str,
     extra_info: dict | None = None,
     scorer: str | None = None,
+    scorers: Mapping[str, str] | None = None,
     timeout: float = DEFAULT_TIMEOUT_S,
     workers: int = DEFAULT_WORKERS,
     **kwargs: Any,
 ) -> dict:
     """verl's custom reward function: {"score", "acc", "pred"} for one rollout.
 
-    Math data sources use `scorer` (default dapo); any other source needs `scorer` given explicitly,
-    so a mis-routed dataset fails loudly instead of being scored by the wrong rule. Other keyword
-    arguments verl passes are accepted and ignored. `pred` is "" rather than None because verl skips
-    its maj@N metric when any pred is None.
+    The scorer is `scorer` when given (every source), else the spec's `scorers` override of the source's
+    benchmark, else the table's (`rpg_cli.benchmarks.scorer_for`); a source with none fails loudly
+    instead of being scored by a guessed rule. Other keyword arguments verl passes are accepted and
+    ignored. `pred` is "" rather than None because verl skips its maj@N metric when any pred is None.
     """
-    if scorer is None:
-        if not _MATH_SOURCE.search(str(data_source)):
-            raise ValueError(
-                f"no reward rule for data_source {data_source!r}: rpg scores final math answers "
-                f"(data sources naming math, aime, amc or dapo); pass reward_kwargs scorer=dapo or "
-                f"scorer=math_verify to score this source anyway"
-            )
-        scorer = DEFAULT_SCORER
+    scorer = scorer or scorer_for(data_source, scorers)
     _check_scorer(scorer)
     if scorer == "dapo":
         result = score_dapo(solution_str, ground_truth)
@@ -121,7 +117,7 @@ def scorer_version(scorer: str) -> str:
     from importlib.metadata import PackageNotFoundError, version
 
     try:
-        return f"math-verify-{version('math-verify')}"
+        return f"math-verify-{version('math-verify')}+rpg{MATH_VERIFY_WRAP_VERSION}"
     except PackageNotFoundError:
         return "math-verify-missing"
 

@@ -15,6 +15,8 @@ from multiprocessing.connection import Connection
 
 from math_verify import parse, verify
 
+from rpg_cli.rewards.dapo import TAIL_CHARS, last_answer_line
+
 logging.getLogger("math_verify").setLevel(logging.CRITICAL)  # it logs every parse failure
 
 _GOLD_CACHE_SIZE = 4096
@@ -37,6 +39,22 @@ def wrap_gold(ground_truth: str) -> str:
     return "\\boxed{" + text + "}"
 
 
+def wrap_answer_line(line: str) -> str:
+    """The content of a response's last `Answer:` line as math-verify must see it: boxed (or kept inside
+    its own dollars), so that `1, 2` parses as the set {1, 2} rather than as its last number, 2. Markdown
+    bold (`**Answer: 5**`) and a closing full stop are not part of the answer."""
+    text = line.strip().strip("*").strip().rstrip(".").strip()
+    return text if "$" in text else wrap_gold(text)
+
+
+def _parse_prediction(solution: str) -> list:
+    """The answer the prompt asked for (the last `Answer:` line) when there is one, else whatever
+    math-verify finds in the whole response (a \\boxed{} answer, the last number)."""
+    line = last_answer_line(solution[-TAIL_CHARS:])
+    predicted = parse(wrap_answer_line(line), parsing_timeout=None) if line and line.strip() else []
+    return predicted or parse(solution, parsing_timeout=None)
+
+
 def _parse_gold(ground_truth: str, cache: dict) -> list:
     gold = cache.get(ground_truth)
     if gold is None:
@@ -50,7 +68,7 @@ def _parse_gold(ground_truth: str, cache: dict) -> list:
 def judge(solution: str, ground_truth: str, cache: dict) -> tuple[bool, str | None]:
     """(correct, prediction rendered by sympy or None) for one response; no timeout of its own."""
     gold = _parse_gold(ground_truth, cache)
-    predicted = parse(solution, parsing_timeout=None)
+    predicted = _parse_prediction(solution)
     if not predicted:
         return False, None
     correct = bool(gold) and verify(gold, predicted, timeout_seconds=None)

@@ -6,10 +6,21 @@ import torch
 
 from rpg_cli.backends.local.preflight import BackendError
 from rpg_cli.backends.local.rollout import Problem, encode_prompt
+from rpg_cli.benchmarks import NoScorerError, scorer_for
 
 
-def load_problems(files: list[str], tokenizer, max_prompt_length: int, distinct: bool = False) -> list[Problem]:
+def load_problems(
+    files: list[str],
+    tokenizer,
+    max_prompt_length: int,
+    distinct: bool = False,
+    scorers: dict[str, str] | None = None,
+    chat_template_kwargs: dict | None = None,
+) -> list[Problem]:
     """Rows with `prompt` (chat messages), `reward_model.ground_truth` and `data_source`, as prepare-data writes.
+
+    Each problem carries its scorer (the table's for its data_source, or the spec's `scorers` override) and
+    its prompt tokenized with the spec's chat_template_kwargs, as verl and `rpg eval` do.
 
     Prompts longer than max_prompt_length tokens are dropped, as verl's `filter_overlong_prompts` does.
     `distinct`: a problem repeated in the files (same prompt, ground truth and data source; older evaluation
@@ -33,9 +44,13 @@ def load_problems(files: list[str], tokenizer, max_prompt_length: int, distinct:
                     f"{name}: row {row} has no prompt or no reward_model.ground_truth; "
                     "rewrite the file with `rpg prepare-data`"
                 )
-            ids = encode_prompt(tokenizer, list(messages))
+            try:
+                scorer = scorer_for(str(record["data_source"]), scorers)
+            except NoScorerError as e:
+                raise BackendError(f"{name}: {e}") from None
+            ids = encode_prompt(tokenizer, list(messages), chat_template_kwargs)
             if len(ids) <= max_prompt_length:
-                problems.append(Problem(ids, str(reward["ground_truth"]), str(record["data_source"])))
+                problems.append(Problem(ids, str(reward["ground_truth"]), str(record["data_source"]), scorer))
     if distinct:
         problems = list({(tuple(p.prompt_ids), p.ground_truth, p.data_source): p for p in problems}.values())
     if not problems:

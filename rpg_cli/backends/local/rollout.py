@@ -11,7 +11,8 @@ from dataclasses import dataclass
 
 import torch
 
-from rpg_cli.rewards import score
+from rpg_cli.benchmarks import scorer_for
+from rpg_cli.rewards import score_batch
 
 
 @dataclass(frozen=True)
@@ -19,6 +20,7 @@ class Problem:
     prompt_ids: list[int]  # the tokenized prompt (chat template applied)
     ground_truth: str
     data_source: str
+    scorer: str | None = None  # None: the table's for data_source (rpg_cli.benchmarks.scorer_for)
 
 
 @dataclass
@@ -50,10 +52,13 @@ class Rollouts:
         )
 
 
-def encode_prompt(tokenizer, messages: list[dict]) -> list[int]:
-    """The chat template when the tokenizer has one (as verl applies it), else the messages' text."""
+def encode_prompt(tokenizer, messages: list[dict], chat_template_kwargs: dict | None = None) -> list[int]:
+    """The chat template when the tokenizer has one (as verl applies it, with the spec's chat_template_kwargs),
+    else the messages' text."""
     if getattr(tokenizer, "chat_template", None):
-        ids = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
+        ids = tokenizer.apply_chat_template(
+            messages, add_generation_prompt=True, tokenize=True, **(chat_template_kwargs or {})
+        )
         return list(ids["input_ids"] if isinstance(ids, dict) or hasattr(ids, "keys") else ids)
     return tokenizer("".join(m["content"] for m in messages), add_special_tokens=True)["input_ids"]
 
@@ -162,8 +167,15 @@ def valid_response_mask(response_ids: torch.Tensor, eos_ids: list[int]) -> torch
 
 
 def score_rollouts(rollouts: Rollouts, problems: list[Problem]) -> tuple[torch.Tensor, torch.Tensor]:
-    """(score, acc) per response with the shared scorer: +1/-1 and 1/0."""
-    verdicts = [score(text, problems[g].ground_truth) for text, g in zip(rollouts.texts, rollouts.group.tolist())]
+    """(score, acc) per response with its problem's scorer (the table's, as verl and `rpg eval` score): +1/-1 and 1/0."""
+    verdicts: list[dict] = [{}] * len(rollouts.texts)
+    answered = [problems[g] for g in rollouts.group.tolist()]
+    scorers = [p.scorer or scorer_for(p.data_source) for p in answered]
+    for scorer in set(scorers):
+        rows = [i for i, s in enumerate(scorers) if s == scorer]
+        found = score_batch([rollouts.texts[i] for i in rows], [answered[i].ground_truth for i in rows], scorer)
+        for i, verdict in zip(rows, found):
+            verdicts[i] = verdict
     scores = torch.tensor([v["score"] for v in verdicts], dtype=torch.float32)
     acc = torch.tensor([float(v["acc"]) for v in verdicts], dtype=torch.float32)
     return scores, acc

@@ -89,9 +89,10 @@ class Trainer:
         if self.tokenizer.pad_token_id is None:
             self.tokenizer.pad_token = self.tokenizer.eos_token
         self.eos_ids = eos_ids(self.model, self.tokenizer)
-        self.train_problems = load_problems(spec.data.train_files, self.tokenizer, spec.max_prompt_length)
+        as_spec = dict(scorers=spec.scorers, chat_template_kwargs=spec.chat_template_kwargs)
+        self.train_problems = load_problems(spec.data.train_files, self.tokenizer, spec.max_prompt_length, **as_spec)
         self.val_problems = (
-            load_problems(spec.data.val_files, self.tokenizer, spec.max_prompt_length, distinct=True)
+            load_problems(spec.data.val_files, self.tokenizer, spec.max_prompt_length, distinct=True, **as_spec)
             if spec.data.val_files
             else []
         )

@@ -173,7 +173,8 @@ def overrides(spec: ExperimentSpec, run_dir: Path) -> list[str]:
         "data.truncation": "error",
         "data.shuffle": True,
         "data.seed": spec.seed,  # the shuffle's generator
-        "data.apply_chat_template_kwargs": spec.chat_template_kwargs,  # as the local backend and `rpg eval` apply them
+        # as the local backend and `rpg eval` apply them (`++`: Hydra merges a dict into verl's {} only so)
+        "++data.apply_chat_template_kwargs": spec.chat_template_kwargs,
         # model
         "actor_rollout_ref.model.path": _model_path(spec.model),
         "actor_rollout_ref.model.use_remove_padding": True,
