@@ -142,13 +142,13 @@ def test_table_cells_are_the_hierarchical_bootstrap_of_the_stored_samples(build,
     matrix = np.array([[p.accuracy for p in rows if p.run_id == ids[("dapo", s)]] for s in (0, 1, 2)])
     expected = stats.score(stats.Runs({"toy_add": matrix}), "toy_add")
     assert (cell.mean, cell.low, cell.high) == pytest.approx((expected.estimate, expected.low, expected.high))
-    assert (cell.n, cell.problems, cell.resampled) == (3, N_PROBLEMS, stats.SEEDS_AND_PROBLEMS)
+    assert (cell.n, cell.problems, cell.covers) == (3, N_PROBLEMS, stats.SEEDS_AND_PROBLEMS)
 
     res = invoke("report", "--table", "--db", db)
     assert res.exit_code == 0, res.output
     dapo_line = next(line for line in res.output.splitlines() if "DAPO" in line)
     assert f"{cell.mean * 100:.1f} ±{(cell.high - cell.low) * 50:.1f}" in dapo_line
-    assert f"interval over seeds and problems: 3 seeds x {N_PROBLEMS} problems" in res.output
+    assert f"interval over new seeds and new problems: 3 seeds x {N_PROBLEMS} problems" in res.output
     assert "n=8 T=1 top_p=1 max_tokens=28 seed=0" in res.output  # the protocol: samples per problem, sampling
 
     records = json.loads(invoke("report", "--table", "--format", "json", "--db", db).output)
@@ -175,7 +175,7 @@ def test_validation_means_give_seeds_only_intervals(build, db, tmp_path):
     cell = table.groups[0].rows[0].cells[("toy_add", "last")]
     expected = stats.score_from_means([0.40, 0.50, 0.45])
     assert (cell.mean, cell.low, cell.high) == pytest.approx((0.45, expected.low, expected.high))
-    assert cell.resampled == stats.MEANS_ONLY and cell.problems is None
+    assert cell.covers == stats.MEANS_ONLY and cell.problems is None
 
 
 def test_best_val_selected_picks_the_selection_benchmarks_step_not_the_test_max(build, db):
@@ -246,12 +246,14 @@ def test_compare_clear_difference_b_better_and_json(build, db):
     res = invoke("compare", "GRPO", "DAPO", "--db", db)
     assert res.exit_code == 0, res.output
     line = next(x for x in res.output.splitlines() if x.startswith("toy_add:"))
-    assert line.startswith("toy_add: DAPO - GRPO = +") and line.endswith("DAPO better"), line
-    assert "P(DAPO > GRPO) = " in line and "seeds for 80% power:" in line
+    assert line.startswith("toy_add: DAPO - GRPO = +"), line
+    assert line.endswith("; DAPO better (95% intervals over new seeds and new problems, seeds unpaired)"), line
+    assert "P(DAPO > GRPO) = " in line and "; detectable at 80% power: " in line and "seeds per method" not in line
     assert "A: GRPO, 5 runs (seeds 0, 1, 2, 3, 4)" in res.output
     doc = json.loads(invoke("compare", "algorithm=grpo", "algorithm=dapo", "--format", "json", "--db", db).output)
     (c,) = doc["comparisons"]
-    assert c["verdict"] == stats.B_BETTER and c["seeds_paired"] and c["difference"]["low"] > 0
+    assert c["verdict"] == stats.B_BETTER and not c["seeds_paired"] and c["difference"]["low"] > 0
+    assert c["difference"]["covers"] == stats.SEEDS_AND_PROBLEMS and c["detectable_difference"] > 0
     reverse = invoke("compare", "DAPO", "GRPO", "--db", db).output
     assert "GRPO - DAPO = -" in reverse and "DAPO better" in reverse  # A better, named
 
@@ -321,3 +323,36 @@ def test_validation_rewards_outside_zero_one_get_no_interval_not_a_traceback(bui
     assert "-10.0" in res.output and "no interval: 2 seeds" in res.output
     res = invoke("compare", "GRPO", "GRPO", "--db", db)
     assert res.exit_code == 2 and "scores must be per-problem accuracies in [0, 1]" in res.output
+
+
+def test_compare_fixed_problems_pair_seeds_and_effect_say_so(build, db):
+    """--fixed-problems narrows the interval to these problems and says so in the line; --pair-seeds
+    pairs by seed and says so; --effect prints the seeds per method for that effect, which are what
+    rpg_cli.stats gives for the named effect (not the observed difference)."""
+    two_methods(build, 0.05, seeds=(0, 1, 2, 3))
+    default = invoke("compare", "GRPO", "DAPO", "--effect", "5", "--db", db)
+    fixed = invoke("compare", "GRPO", "DAPO", "--fixed-problems", "--pair-seeds", "--effect", "5", "--db", db)
+    assert default.exit_code == 0 and fixed.exit_code == 0, default.output + fixed.output
+
+    def line(res):
+        return next(x for x in res.output.splitlines() if x.startswith("toy_add:"))
+
+    assert line(default).endswith("(95% intervals over new seeds and new problems, seeds unpaired)")
+    assert line(fixed).endswith("(95% intervals over new seeds, these problems, seeds paired by label)")
+    assert "note: seeds paired by label (--pair-seeds)" in fixed.output
+    assert "--pair-seeds" not in default.output
+    doc = json.loads(invoke("compare", "GRPO", "DAPO", "--fixed-problems", "--format", "json", "--db", db).output)
+    assert doc["comparisons"][0]["difference"]["covers"] == stats.THESE_PROBLEMS
+    doc = json.loads(invoke("compare", "GRPO", "DAPO", "--effect", "5", "--format", "json", "--db", db).output)
+    (c,) = doc["comparisons"]
+    assert c["effect"] == pytest.approx(0.05)
+    assert f"seeds per method for 5.0: {c['seeds_for_effect'] or '-'}" in line(default)
+    bad = invoke("compare", "GRPO", "DAPO", "--effect", "0", "--db", db)
+    assert bad.exit_code == 2 and "--effect 0: give a difference in points" in bad.output
+
+
+def test_compare_pair_seeds_needs_the_same_seeds(build, db):
+    two_methods(build, 0.0, seeds=(0, 1, 2))
+    build.evaluate(build.run(spec("dapo", 7)), 300, "toy_add", [4] * N_PROBLEMS)
+    res = invoke("compare", "GRPO", "DAPO", "--pair-seeds", "--db", db)
+    assert res.exit_code == 2 and "pairing seeds needs the same seeds in A (0, 1, 2) and B (0, 1, 2, 7)" in res.output

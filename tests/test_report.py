@@ -187,7 +187,7 @@ def test_last_best_and_mean_interval_over_seeds(store, grid):
         assert rpg.cells[(bench, "last")].mean == pytest.approx(statistics.fmean(lasts))
         interval = stats.score_from_means(lasts)  # benchmark means only: an interval over the seeds
         assert (rpg.cells[(bench, "last")].low, rpg.cells[(bench, "last")].high) == (interval.low, interval.high)
-        assert rpg.cells[(bench, "last")].resampled == stats.MEANS_ONLY
+        assert rpg.cells[(bench, "last")].covers == stats.MEANS_ONLY
         assert rpg.cells[(bench, "best_test")].mean == pytest.approx(statistics.fmean(bests))
         assert rpg.cells[(bench, "best_test")].n == 2
     assert report.build_table(store).which == ("last",)  # the test-selected Best only beside the paper
@@ -229,7 +229,7 @@ def test_markdown_csv_json_shapes(store, grid):
     assert doc["metric"] == "mean@32" and doc["benchmarks"] == ["aime24", "aime25"]
     cell = doc["groups"][0]["rows"][2]["cells"]["aime25"]["best_test"]
     assert cell["mean"] == pytest.approx(0.38) and cell["n"] == 2 and cell["rank"] == 1
-    assert cell["low"] < 0.38 < cell["high"] and cell["resampled"] == stats.MEANS_ONLY
+    assert cell["low"] < 0.38 < cell["high"] and cell["covers"] == stats.MEANS_ONLY
 
 
 def _balanced(text: str) -> bool:

@@ -86,6 +86,12 @@ def report(
         help="--plot panels: reward, entropy, response_length, kl, reference_kl, reference_age, val (one per benchmark), or any logged key. Default: those of these that were logged.",
     ),
     smooth: int = typer.Option(1, "--smooth", min=1, metavar="N", help="--plot: moving average over N logged steps."),
+    fixed_problems: bool = typer.Option(
+        False,
+        "--fixed-problems",
+        metavar="",
+        help="Intervals over new seeds on these problems (what most papers mean), not the default over new seeds and new problems of the same kind; one run per method then gives no interval.",
+    ),
     db: str = db_option(),
     address: str = address_option(),
     runs_dir: str = runs_dir_option(),
@@ -93,12 +99,15 @@ def report(
     """Print the paper's Last/Best tables, with 95% confidence intervals, and training curves with bands.
 
     Rows are methods named as in the paper (optimizer, clip... added where runs of one method differ),
-    grouped by model, context and sampling protocol (scores drawn differently never share a cell).
+    grouped by model, context and sampling protocol. A cell holds one source (`rpg eval` of one scorer and
+    protocol, else logged validation): runs scored there only another way are named in the footer, never
+    averaged in; other protocols get their own section or a footer line with the flags that show them.
     Columns per benchmark: Last (the final evaluated step); Best (val-selected) with --select-on; Best
     (test-selected, the paper's, biased upward) with --compare-paper. Each cell is the mean over seeds in
-    percent, ± half its 95% confidence interval: a bootstrap over seeds and problems when `rpg eval`
-    stored the samples, over seeds only from logged validation means. The footer says which, with the
-    seeds, problems and sampling settings. Best of each column bold, second underlined.
+    percent, ± half its 95% confidence interval: over new seeds and new problems when `rpg eval` stored
+    the samples (--fixed-problems: new seeds, these problems), over seeds only from logged validation
+    means. The footer says which, with the seeds, problems and sampling settings, and warns where few
+    seeds make the interval cover less. Best of each column bold, second underlined.
 
     Examples:
 
@@ -129,7 +138,9 @@ def report(
                     rp.FORMAT_BY_SUFFIX.get(Path(output).suffix.lower(), "table") if output else "table"
                 )
                 wanted = [b.strip() for b in benchmarks.split(",") if b.strip()] if benchmarks else None
-                built = rp.build_table(store, sweep_name, metric, wanted, compare_paper, select_on, scorer)
+                built = rp.build_table(
+                    store, sweep_name, metric, wanted, compare_paper, select_on, scorer, fixed_problems
+                )
                 text = rp.RENDERERS[fmt](built) if fmt != "table" else _render_report_table(built, to_text=bool(output))
                 if output:
                     typer.echo(f"wrote {write_atomic(output, text)}")
@@ -185,23 +196,45 @@ def compare(
     output_format: str = typer.Option(
         "text", "--format", metavar="text|json", help="Lines for a terminal, or everything as JSON."
     ),
+    fixed_problems: bool = typer.Option(
+        False,
+        "--fixed-problems",
+        metavar="",
+        help="Intervals over new seeds on these problems (what most papers mean), not the default over new seeds and new problems of the same kind.",
+    ),
+    pair_seeds: bool = typer.Option(
+        False,
+        "--pair-seeds",
+        metavar="",
+        help="Pair A's and B's runs by seed number: only for runs that share their randomness (the same seed rarely gives the same rollouts). Default: seeds unpaired.",
+    ),
+    effect: float = typer.Option(
+        None,
+        "--effect",
+        metavar="POINTS",
+        help="An effect size in points (e.g. 5): also print the seeds per method that would detect it at 80% power.",
+    ),
     db: str = db_option(),
 ) -> None:
     """Say whether B beats A: the paired difference B - A per benchmark and overall, with its 95% interval.
 
-    Runs are paired by problem (the same problems resampled for both) and by seed where both sides have
-    the same seeds. Each line gives B - A in points, P(B > A) (the probability that a random run of B
-    beats a random run of A on a random problem) with its interval, the seeds per method that would
-    detect this difference at 80% power, and the verdict: "B better", "A better" or "no detectable
-    difference". Spec fields that also differ between the groups (other than the compared ones and
-    the seed) are listed in bold: they make the comparison unfair. Scores drawn under different
-    sampling settings or scorers are refused.
+    Runs are paired by problem (both sides answer the same problems); seeds are unpaired unless
+    --pair-seeds. Each line gives B - A in points with its interval (over new seeds and new problems, or
+    with --fixed-problems over new seeds on these problems: the line says which), P(B > A) (the
+    probability that a random run of B beats a random run of A on a random problem) with its interval,
+    the smallest difference these seeds and problems detect at 80% power (--effect POINTS: the seeds per
+    method that detect that effect), and the verdict: "B better", "A better" or "no detectable
+    difference"; under no true difference it says "better" in at most about 5% of experiments, from 2
+    seeds on. Spec fields that also differ between the groups (other than the compared ones and the
+    seed) are listed in bold: they make the comparison unfair. Scores drawn under different sampling
+    settings or scorers are refused.
 
     Examples:
 
       rpg compare GRPO DAPO --sweep smoke-seeds
       rpg compare algorithm=grpo 'algorithm=rpg&kl=urkl' --where context=4k
       rpg compare GRPO RPG-REINFORCE-URKL --step 200 -b aime24 --format json
+      rpg compare GRPO DAPO --fixed-problems --effect 5
       rpg compare grpo-s0-1a2b3c4d,grpo-s1-5e6f7a8b dapo-s0-9c0d1e2f
     """
     from rpg_cli import report as rp
@@ -212,11 +245,24 @@ def compare(
         fail("compare", ValueError(f"unknown --format {output_format!r}; allowed: text, json"))
     if step != "last" and not step.isdigit():
         fail("compare", ValueError(f"--step {step!r}: expected last or a step number"))
+    if effect is not None and not 0 < effect <= 100:
+        fail("compare", ValueError(f"--effect {effect:g}: give a difference in points, above 0 and at most 100"))
     wanted = [x.strip() for x in benchmarks.split(",") if x.strip()] if benchmarks else None
     with existing_store("compare", db) as store:
         try:
             result = rp.compare_groups(
-                store, a, b, sweep_name, where or (), metric, scorer, None if step == "last" else int(step), wanted
+                store,
+                a,
+                b,
+                sweep_name,
+                where or (),
+                metric,
+                scorer,
+                None if step == "last" else int(step),
+                wanted,
+                pair_seeds=pair_seeds,
+                fixed_problems=fixed_problems,
+                effect=None if effect is None else effect / 100,
             )
         except (rp.ReportError, StoreError, StatsError) as e:
             fail("compare", e)
@@ -227,7 +273,7 @@ def compare(
 
     console = make_console()
     for line in [*result.header(), *result.lines()]:
-        console.print(escape(line), highlight=False)
+        console.print(escape(line), highlight=False, soft_wrap=True)  # one compare line stays one line
     for line in result.difference_text():
         console.print(f"[bold]also differs: {escape(line)}[/]", highlight=False)
     for line in result.notes:

@@ -1,7 +1,8 @@
 """`rpg compare A B`: two groups of runs (a method as the report names it, run ids or names, or a spec
 filter), scored the same way at one step, compared per benchmark and overall by rpg_cli.stats.compare:
-B - A paired by problem (and by seed where both have the same seeds) with its 95% interval, P(B > A)
-with its interval, the seeds needed for 80% power, the verdict. Also every spec field that differs
+B - A paired by problem (seeds unpaired unless asked) with its 95% interval over new seeds and new
+problems (or these problems), P(B > A) with its interval, the smallest difference detectable at 80%
+power (and the seeds that detect a named effect), the verdict. Also every spec field that differs
 between the groups besides the compared ones: a silent difference in lr or context makes it unfair."""
 
 from __future__ import annotations
@@ -133,8 +134,8 @@ def spec_differences(a: Side, b: Side) -> list[tuple[str, list[str], list[str]]]
 
 
 def _seeds(runs: list[RunRecord], offset: int) -> tuple[int, ...]:
-    """Seed labels: the specs' seeds when distinct integers (then A and B pair by seed), else positions
-    (offset apart, so that they never pair)."""
+    """Seed labels: the specs' seeds when distinct integers (then --pair-seeds can pair A and B by
+    seed), else positions (offset apart, so that they never pair)."""
     seeds = [r.spec.get("seed") for r in runs]
     if all(isinstance(s, int) and not isinstance(s, bool) for s in seeds) and len(set(seeds)) == len(seeds):
         return tuple(seeds)
@@ -152,6 +153,9 @@ def compare_groups(
     step: int | None = None,
     benchmarks: Sequence[str] | None = None,
     n_resamples: int = stats.N_RESAMPLES,
+    pair_seeds: bool = False,
+    fixed_problems: bool = False,
+    effect: float | None = None,
 ) -> Result:
     """Compare B with A (module docstring). ReportError, one line, for an unknown or empty side, runs
     without scores, scores under different protocols or scorers, no common benchmark or problem."""
@@ -226,7 +230,14 @@ def compare_groups(
     runs_a = stats.Runs(blocks_a, seeds=_seeds(a.runs, 0), problems=ids)
     runs_b = stats.Runs(blocks_b, seeds=_seeds(b.runs, 1_000_000), problems=ids)
     targets = [*benches, stats.OVERALL] if len(benches) > 1 else benches
-    comparisons = [stats.compare(runs_a, runs_b, t, n_resamples=n_resamples) for t in targets]
+    how = {"pair_seeds": pair_seeds, "fixed_problems": fixed_problems, "effect": effect}
+    comparisons = [stats.compare(runs_a, runs_b, t, n_resamples=n_resamples, **how) for t in targets]
+    if pair_seeds:
+        notes.append(
+            "seeds paired by label (--pair-seeds): right only when runs with the same seed share their randomness"
+        )
+    if cautioned := [c.benchmark for c in comparisons if c.difference.caution]:
+        notes.append(f"caution, {', '.join(cautioned)}: {stats.CAUTION}")
     step_text = f"last ({', '.join(map(str, sorted(steps_used)))})" if step is None else str(step)
     source = origin.text()
     return Result(a, b, source, step_text, comparisons, spec_differences(a, b), notes)

@@ -73,12 +73,14 @@ def aligned(per_run: Sequence[dict[str, float] | None]) -> tuple[np.ndarray, tup
     return np.array([[p[i] for i in ids] for p in per_run]), ids
 
 
-def cell_interval(evidence: Evidence, picks: Sequence[Pick], values: Sequence[float], bench: str) -> stats.Interval:
-    """One method's score on a benchmark from its runs' picks: the hierarchical bootstrap over seeds and
-    problems when every run has per-problem scores there, else seeds only from the values (`values[i]`
-    is run i's benchmark score)."""
+def cell_interval(
+    evidence: Evidence, picks: Sequence[Pick], values: Sequence[float], bench: str, fixed_problems: bool = False
+) -> stats.Interval:
+    """One method's score on a benchmark from its runs' picks: the interval over seeds and problems
+    (or over seeds on these problems) when every run has per-problem scores there, else over seeds
+    only from the values (`values[i]` is run i's benchmark score)."""
     matrix = aligned([evidence.problems(run_id, step, bench) for run_id, step in picks])
     if matrix is None:
-        return stats.score_from_means(values)
+        return stats.score_from_means(values, fixed_problems=fixed_problems)
     scores, ids = matrix
-    return stats.score(stats.Runs({bench: scores}, problems={bench: ids}), bench)
+    return stats.score(stats.Runs({bench: scores}, problems={bench: ids}), bench, fixed_problems=fixed_problems)

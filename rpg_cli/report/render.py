@@ -7,6 +7,7 @@ import io
 import json
 from typing import Any
 
+from rpg_cli import stats
 from rpg_cli.report.tables import WHICH_TITLES, Table, cell_bounds, fmt
 
 
@@ -131,7 +132,8 @@ def to_latex(table: Table) -> str:
 def table_records(table: Table) -> list[dict[str, Any]]:
     """One flat dict per row: model, context, method, seeds, runs, then per benchmark and Last/Best
     the estimate (mean), the 95% interval's bounds (low, high), seeds (n), problems, what the
-    interval covers (resampled), rank (and paper, diff with --compare-paper). Fractions in [0, 1]."""
+    interval is about in words (covers: "new seeds and new problems" or "new seeds, these problems"),
+    a caution where it covers less, rank (and paper, diff with --compare-paper). Fractions in [0, 1]."""
     records = []
     for group in table.groups:
         for row in group.rows:
@@ -169,6 +171,7 @@ def to_json(table: Table) -> str:
         "which": list(table.which),
         "select_on": table.select_on,
         "scale": "fractions in [0, 1]",
+        "intervals_over": stats.THESE_PROBLEMS if table.fixed_problems else stats.SEEDS_AND_PROBLEMS,
         "notes": table.notes,
         "sources": table.sources,
         "groups": [
@@ -199,6 +202,6 @@ def to_json(table: Table) -> str:
     return json.dumps(doc, indent=2) + "\n"
 
 
-CELL_FIELDS = ("mean", "low", "high", "n", "problems", "resampled", "rank", "paper", "diff")
+CELL_FIELDS = ("mean", "low", "high", "n", "problems", "covers", "caution", "rank", "paper", "diff")
 RENDERERS = {"markdown": to_markdown, "latex": to_latex, "csv": to_csv, "json": to_json}
 FORMAT_BY_SUFFIX = {".md": "markdown", ".markdown": "markdown", ".tex": "latex", ".csv": "csv", ".json": "json"}

@@ -82,6 +82,17 @@ class Origin:
         how = "training validation" if self.scorer == VERL_VAL_SCORER else f"rpg eval (scorer {self.scorer})"
         return f"{how}, {self.stat}@{self.k}" + (f", {protocol_text(dict(self.protocol))}" if self.protocol else "")
 
+    @property
+    def source(self) -> tuple:
+        """What a table cell may hold one of: the scorer, statistic, k and protocol (not the metric
+        names, which differ by benchmark for scores read from `metrics`)."""
+        return (self.scorer, self.stat, self.k, self.protocol)
+
+    @property
+    def rank(self) -> tuple[bool, bool]:
+        """A cell's preferred source first: `rpg eval`, then validation the store copied, then `metrics`."""
+        return (not self.evaluated, self.protocol is None)
+
 
 @dataclass
 class Scores:
@@ -233,6 +244,22 @@ def scores(
             "run `rpg eval RUN` (or train with validation on)"
         )
     return Scores(values, sources, "/".join(dict.fromkeys(resolved)), origins, others)
+
+
+def not_shown(store: Store, run_ids: Sequence[str], stat: str, shown: set[tuple[str, int]]) -> list[str]:
+    """A footer line for every other k, scorer and protocol of `stat` these runs were scored with than
+    the (scorer, k) pairs `shown`, with the flags that show it: no protocol disappears silently."""
+    lines = []
+    for _, k, scorer in sorted(c for c in _eval_combos(store, run_ids) if c[0] == stat):
+        if (scorer, k) in shown:
+            continue
+        how = "training validation" if scorer == VERL_VAL_SCORER else f"rpg eval (scorer {scorer})"
+        flags = f"--metric {stat}@{k}" + ("" if scorer == VERL_VAL_SCORER else f" --scorer {scorer}")
+        for protocol, runs in store.eval_protocols(run_ids, _eval_names(stat, k, scorer), k, scorer):
+            lines.append(
+                f"not shown: {how}, {stat}@{k}, {protocol_text(protocol)}: {runs_text(len(runs))} (show with {flags})"
+            )
+    return lines
 
 
 def protocol_text(protocol: dict) -> str:

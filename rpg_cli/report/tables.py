@@ -35,8 +35,8 @@ from rpg_cli.report.names import (
     method_sort_key,
     model_name,
 )
-from rpg_cli.report.scores import ReportError, Scores, runs_text, scores, select_runs
-from rpg_cli.stats import NOTHING, Interval
+from rpg_cli.report.scores import ReportError, Scores, not_shown, runs_text, scores, select_runs
+from rpg_cli.stats import NO_INTERVAL, Interval
 
 if TYPE_CHECKING:
     from rpg_cli.store import RunRecord, Store
@@ -55,15 +55,24 @@ class Cell:
     high: float | None = None
     n: int = 0  # seeds with a value
     problems: int | None = None  # problems behind the estimate; None: benchmark means only
-    resampled: str = ""  # what the interval covers (rpg_cli.stats: seeds and problems, problems only, ...)
+    covers: str = ""  # what the interval is about, in words (rpg_cli.stats: new seeds and new problems, ...)
     rank: int | None = None  # 1: best of its column (bold), 2: second (underlined)
     paper: float | None = None
     diff: float | None = None  # mean - paper
+    caution: str = ""  # rpg_cli.stats.CAUTION where the interval is known to cover less than 95%
+    steps: tuple[int, ...] = ()  # the evaluated steps of its runs (one per run), for the footer
+    left_out: tuple[str, ...] = ()  # "run (its source)" of the row's runs scored here only by another source
 
     @classmethod
     def of(cls, interval: Interval) -> Cell:
         return cls(
-            interval.estimate, interval.low, interval.high, interval.n_seeds, interval.n_problems, interval.resampled
+            interval.estimate,
+            interval.low,
+            interval.high,
+            interval.n_seeds,
+            interval.n_problems,
+            interval.covers,
+            caution=interval.caution,
         )
 
 
@@ -95,6 +104,7 @@ class Table:
     which: tuple[str, ...] = ("last",)  # the kinds of column per benchmark (WHICH)
     select_on: str | None = None
     notes: list[str] = field(default_factory=list)  # what the intervals cover, for the footer
+    fixed_problems: bool = False  # intervals over new seeds on these problems (else also new problems)
 
     @property
     def columns(self) -> list[tuple[str, str]]:
@@ -109,11 +119,14 @@ def build_table(
     compare_paper: bool = False,
     select_on: str | None = None,
     scorer: str | None = None,
+    fixed_problems: bool = False,
 ) -> Table:
     """The Last/Best table of a sweep (or of every run): one row per method, grouped by model, context
-    and protocol (scores drawn under different sampling settings never share a section). Columns per
-    test benchmark: Last, Best (val-selected) when `select_on` names the selection benchmark, Best
-    (test-selected) with `compare_paper`."""
+    and protocol (scores drawn under different sampling settings never share a section, and a cell
+    holds one source: runs scored there only by another are named in the footer, never averaged in).
+    Columns per test benchmark: Last, Best (val-selected) when `select_on` names the selection
+    benchmark, Best (test-selected) with `compare_paper`. Intervals over new seeds and new problems,
+    or with `fixed_problems` over new seeds on these problems."""
     runs = select_runs(store, sweep)
     ids = [r.id for r in runs]
     first = scores(store, ids, metric, scorer)
@@ -158,7 +171,7 @@ def build_table(
             row = Row(label, method_base(members[0].spec), [r.name for r in members])
             for bench in tests:
                 for kind in which:
-                    row.cells[(bench, kind)] = _cell(evidence, result, members, bench, kind, select_on)
+                    row.cells[(bench, kind)] = _cell(evidence, result, members, bench, kind, select_on, fixed_problems)
             if compare_paper and all(r.spec.get("optimizer") == "adamw" for r in members):
                 _paper_cells(row, paper, model, context)
             in_section.setdefault((model, context), Group(model, context, [], section)).rows.append(row)
@@ -167,9 +180,12 @@ def build_table(
     if len(scored_ids) < len(runs):
         sources.append(f"not scored yet: {runs_text(len(runs) - len(scored_ids))}")
     table = Table(first.metric, tests, groups, sources, compare_paper, sweep, which, select_on)
+    table.fixed_problems = fixed_problems
     for group in table.groups:
         _rank(group, table.columns)
-    table.notes = _notes(table)
+    shown = {(o.scorer, o.k) for result in sections for o in result.origins.values()}
+    stat = next(iter(first.origins.values())).stat
+    table.notes = _notes(table) + not_shown(store, ids, stat, shown)
     return table
 
 
@@ -189,15 +205,43 @@ def _paper_cells(row: Row, paper: dict, model: str, context: str) -> None:
 
 
 def _cell(
-    evidence: Evidence, result: Scores, members: list[RunRecord], bench: str, kind: str, select_on: str | None
+    evidence: Evidence,
+    result: Scores,
+    members: list[RunRecord],
+    bench: str,
+    kind: str,
+    select_on: str | None,
+    fixed_problems: bool = False,
 ) -> Cell:
     """One method's cell: the runs' scores at their Last / val-selected / test-selected step, with the
-    interval (evidence.cell_interval)."""
-    have = [r.id for r in members if bench in result.values[r.id]]
-    if not have:
+    interval (evidence.cell_interval). One source per cell: the runs of its preferred source (`rpg
+    eval` over logged validation; Origin.rank), the others left out and named."""
+    scored = [r for r in members if bench in result.values[r.id]]
+    if not scored:
         return Cell()
+    origins = {r.id: result.origins[r.id] for r in scored}
+    ranked = sorted(
+        {o.source: o for o in origins.values()}.values(),
+        key=lambda o: (o.rank, -sum(x.source == o.source for x in origins.values())),
+    )
+    have = [r.id for r in scored if origins[r.id].source == ranked[0].source]
+    left_out = tuple(f"{r.name} ({origins[r.id].text()})" for r in scored if r.id not in have)
+    cell = _scored_cell(evidence, result, have, bench, kind, select_on, fixed_problems)
+    cell.left_out = left_out
+    return cell
+
+
+def _scored_cell(
+    evidence: Evidence,
+    result: Scores,
+    have: list[str],
+    bench: str,
+    kind: str,
+    select_on: str | None,
+    fixed_problems: bool,
+) -> Cell:
     if kind == "best_test":  # the maximum over steps: no single step, so no per-problem scores
-        return _means_cell([result.values[r][bench].best for r in have])
+        return _means_cell([result.values[r][bench].best for r in have], fixed_problems)
     if kind == "last":
         picks = [(r, result.values[r][bench].last_step) for r in have]
         values = [result.values[r][bench].last for r in have]
@@ -213,34 +257,69 @@ def _cell(
         if not picks:
             return Cell()
     try:
-        return Cell.of(cell_interval(evidence, picks, values, bench))
+        cell = Cell.of(cell_interval(evidence, picks, values, bench, fixed_problems))
     except stats.StatsError:  # not an accuracy (a reward in [-1, 1] logged as validation): no interval
-        return Cell(statistics.fmean(values), n=len(values), resampled=NO_ACCURACY)
+        cell = Cell(statistics.fmean(values), n=len(values), covers=NO_ACCURACY)
+    cell.steps = tuple(step for _, step in picks)
+    return cell
 
 
-def _means_cell(values: list[float]) -> Cell:
+def _means_cell(values: list[float], fixed_problems: bool = False) -> Cell:
     try:
-        return Cell.of(stats.score_from_means(values))
+        return Cell.of(stats.score_from_means(values, fixed_problems=fixed_problems))
     except stats.StatsError:
-        return Cell(statistics.fmean(values), n=len(values), resampled=NO_ACCURACY)
+        return Cell(statistics.fmean(values), n=len(values), covers=NO_ACCURACY)
+
+
+# What each estimand means, once per footer: the words a reviewer needs to read the intervals.
+ESTIMANDS = {
+    stats.SEEDS_AND_PROBLEMS: (
+        "intervals over new seeds and new problems: the score a new training run would get on new problems "
+        "of the same kind, so a small benchmark keeps them wide however many seeds (--fixed-problems: these problems)"
+    ),
+    stats.THESE_PROBLEMS: (
+        "intervals over new seeds, these problems (--fixed-problems): the score a new training run would get on "
+        "these very problems, sampled anew; they say nothing about other problems"
+    ),
+}
 
 
 def _notes(table: Table) -> list[str]:
-    """The footer: what the numbers are and what their intervals cover (seeds, problems)."""
+    """The footer: what the numbers are, what their intervals are about (seeds, problems), and every
+    cell that left runs out, mixes steps or covers less than it says."""
     notes = [f"cells: score ±half-width of its {stats.CONFIDENCE:.0%} confidence interval, in percent"]
     covers: dict[str, tuple[set[int], set[int]]] = {}
+    caution, left_out, steps = [], [], []
     for group in table.groups:
         for row in group.rows:
-            for cell in row.cells.values():
-                if cell.mean is not None:
-                    seeds, problems = covers.setdefault(cell.resampled, (set(), set()))
-                    seeds.add(cell.n)
-                    if cell.problems is not None:
-                        problems.add(cell.problems)
-    for resampled, (seeds, problems) in covers.items():
+            for (bench, kind), cell in row.cells.items():
+                where = f"{row.method} {bench} {WHICH_TITLES[kind]}"
+                if cell.left_out:
+                    left_out.append(f"{where}: {', '.join(cell.left_out)}")
+                if cell.mean is None:
+                    continue
+                seeds, problems = covers.setdefault(cell.covers, (set(), set()))
+                seeds.add(cell.n)
+                if cell.problems is not None:
+                    problems.add(cell.problems)
+                if cell.caution:
+                    caution.append(where)
+                if len(set(cell.steps)) > 1:
+                    steps.append(f"{where} ({', '.join(map(str, sorted(set(cell.steps))))})")
+    for covered, (seeds, problems) in covers.items():
         counts = _span(seeds, "seed") + (f" x {_span(problems, 'problem')}" if problems else "")
-        what = "no interval" if resampled in (NOTHING, NO_ACCURACY) else f"interval over {resampled}"
+        what = "no interval" if covered in (*NO_INTERVAL, NO_ACCURACY) else f"interval over {covered}"
         notes.append(f"{what}: {counts}")
+    notes += [ESTIMANDS[c] for c in ESTIMANDS if c in covers]
+    if caution:
+        notes.append(f"caution, {_listed(caution)}: {stats.CAUTION}")
+    if steps:
+        notes.append(f"runs at different steps, each counted at its own: {_listed(steps)}")
+    if left_out:
+        notes.append(
+            "left out (scored there only by another source, never averaged in; evaluate them the same way): "
+            + "; ".join(left_out)
+        )
     if "best_val" in table.which:
         notes.append(
             f"Best (val-selected): each run's step with the highest {table.select_on} score, scored at that step"
@@ -254,6 +333,10 @@ def _notes(table: Table) -> list[str]:
             "Best (test-selected): the maximum over the test benchmark's own evaluations (the paper's Best): biased upward"
         )
     return notes
+
+
+def _listed(items: list[str], most: int = 4) -> str:
+    return ", ".join(items[:most]) + (f" and {len(items) - most} more" if len(items) > most else "")
 
 
 def _span(values: set[int], unit: str) -> str:
