@@ -356,3 +356,59 @@ def test_compare_pair_seeds_needs_the_same_seeds(build, db):
     build.evaluate(build.run(spec("dapo", 7)), 300, "toy_add", [4] * N_PROBLEMS)
     res = invoke("compare", "GRPO", "DAPO", "--pair-seeds", "--db", db)
     assert res.exit_code == 2 and "pairing seeds needs the same seeds in A (0, 1, 2) and B (0, 1, 2, 7)" in res.output
+
+
+def test_a_cell_holds_one_source_and_every_protocol_and_step_is_said(build, db, tmp_path):
+    """Partial `rpg eval` (one GRPO seed at step 200; the others only validated, at step 300), a second
+    protocol (k=4, T=0.7) on one run, DAPO evaluated at two different last steps: the GRPO cell is the
+    evaluated run alone, the validated runs are named, the other protocol is named with the flags that
+    show it, and the mixed steps are said."""
+    rng = np.random.default_rng(3)
+    rates = np.full(N_PROBLEMS, 0.5)
+    grpo = [build.run(spec("grpo", seed)) for seed in (0, 1, 2)]
+    build.evaluate(grpo[0], 200, "toy_add", [2] * N_PROBLEMS)  # 25%
+    for run_id in grpo[1:]:
+        path = tmp_path / f"{run_id}.jsonl"
+        path.write_text(json.dumps({"step": 300, "data": {"val-core/toy_add/acc/mean@8": 0.9}}) + "\n")
+        build.store.ingest_metrics(run_id, path)
+    build.evaluate(grpo[1], 300, "toy_add", correct_counts(rng, rates, 4), n=4, temperature=0.7)
+    for seed, step in ((0, 200), (1, 300)):
+        build.evaluate(build.run(spec("dapo", seed)), step, "toy_add", correct_counts(rng, rates))
+
+    table = report.build_table(build.store)
+    cells = {r.method: r.cells[("toy_add", "last")] for g in table.groups for r in g.rows}
+    assert (cells["GRPO"].mean, cells["GRPO"].n) == (0.25, 1)  # never averaged with the validated 90%
+    assert cells["DAPO"].n == 2 and cells["DAPO"].steps == (200, 300)
+    res = invoke("report", "--table", "--db", db)
+    assert res.exit_code == 0, res.output
+    out = " ".join(res.output.split())  # the footer may wrap
+    names = [f"grpo-s{seed}-{run_id}" for seed, run_id in ((1, grpo[1]), (2, grpo[2]))]
+    assert "left out (scored there only by another source, never averaged in; evaluate them the same way): " in out
+    assert all(f"{name} (training validation, mean@8" in out for name in names)
+    assert (
+        "not shown: rpg eval (scorer dapo), mean@4, n=4 T=0.7 top_p=1 max_tokens=28 seed=0: 1 run "
+        "(show with --metric mean@4 --scorer dapo)" in out
+    )
+    assert "runs at different steps, each counted at its own: DAPO toy_add Last (200, 300)" in out
+    assert "interval over new seeds and new problems: 2 seeds x 20 problems" in out
+    assert f"interval over {stats.PROBLEMS_ONLY}: 1 seed x 20 problems" in out  # GRPO's one evaluated run
+    shown = invoke("report", "--table", "--metric", "mean@4", "--db", db)
+    assert shown.exit_code == 0 and "n=4 T=0.7" in shown.output
+
+
+def test_fixed_problems_table_is_narrower_and_says_so(build, db):
+    two_methods(build, 0.1, seeds=(0, 1, 2, 3))
+    default = report.build_table(build.store)
+    fixed = report.build_table(build.store, fixed_problems=True)
+    for g_d, g_f in zip(default.groups, fixed.groups):
+        for r_d, r_f in zip(g_d.rows, g_f.rows):
+            d, f = r_d.cells[("toy_add", "last")], r_f.cells[("toy_add", "last")]
+            assert f.mean == d.mean and f.high - f.low < d.high - d.low  # without the problems' part
+            assert (d.covers, f.covers) == (stats.SEEDS_AND_PROBLEMS, stats.THESE_PROBLEMS)
+    res = invoke("report", "--table", "--fixed-problems", "--db", db)
+    out = " ".join(res.output.split())
+    assert "interval over new seeds, these problems: 4 seeds x 20 problems" in out
+    assert "intervals over new seeds, these problems (--fixed-problems): the score a new training run" in out
+    doc = json.loads(invoke("report", "--table", "--fixed-problems", "--format", "json", "--db", db).output)
+    assert doc["intervals_over"] == stats.THESE_PROBLEMS
+    assert doc["groups"][0]["rows"][0]["cells"]["toy_add"]["last"]["covers"] == stats.THESE_PROBLEMS
