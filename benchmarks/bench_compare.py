@@ -4,7 +4,7 @@ database to the printed lines.
 Fills a fresh SQLite store with 2 methods x 5 seeds, each evaluated by `rpg eval` at one step on 3
 benchmarks x 30 problems x 32 samples (28,800 sample rows, with their protocol), then times
 `rpg compare GRPO DAPO`: resolving the groups, the scores and the per-problem samples, the paired
-difference, P(B > A) and the seeds for power per benchmark and overall (10,000 resamples each).
+difference (closed form), P(B > A) (10,000 resamples) and the detectable difference per benchmark and overall.
 
 Target: < 1 s (the commands' imports are warmed once first, as in a shell session they are the
 interpreter's start-up, the same for every command).

@@ -1,14 +1,14 @@
 """Interval and comparison speed (`rpg_cli.stats`) on one core.
 
 A results table of 100 runs (12 methods, 8-9 seeds each), 3 benchmarks x 30 problems of per-problem
-mean@32: every method's interval per benchmark and overall (10,000 bootstrap resamples each) at two
-steps (Last and a selected Best), each cell rendered; and `rpg compare` of two methods (3 benchmarks and
-overall: difference, P(B > A), seeds needed, verdict).
+mean@32: every method's interval per benchmark and overall (closed form) at two steps (Last and a
+selected Best), each cell rendered; and `rpg compare` of two methods (3 benchmarks and overall:
+difference, P(B > A) with 10,000 bootstrap resamples, the detectable difference, verdict).
 
 Targets: the table < 2 s; the compare < 1 s, on one core: BLAS threads are set to 1, the process is
 pinned to one CPU where the platform allows, and the verdict is on the process's CPU time (the time on
 that one core; on a machine shared with other work the wall time, printed beside it, is longer). Each
-repeat starts with an empty resampling-weights cache, so the draws are timed too.
+repeat starts with an empty resampling-weights cache, so P(B > A)'s draws are timed too.
 
     python benchmarks/bench_stats.py [--runs 100] [--problems 30] [--resamples 10000]
 """
@@ -77,12 +77,7 @@ def main() -> int:
     }
 
     def table() -> list[str]:
-        return [
-            cell.pm()
-            for methods in steps.values()
-            for runs in methods
-            for cell in stats.scores(runs, n_resamples=args.resamples).values()
-        ]
+        return [cell.pm() for methods in steps.values() for runs in methods for cell in stats.scores(runs).values()]
 
     a, b = steps["last"][0], steps["last"][5]
 
@@ -96,7 +91,7 @@ def main() -> int:
     compare_cpu, compare_wall, lines = timed(compare)
     print(
         f"{args.runs} runs ({N_METHODS} methods), {len(BENCHMARKS)} benchmarks x {args.problems} problems, "
-        f"{args.resamples:,} resamples per interval; one core"
+        f"{args.resamples:,} resamples per P(B > A) interval; one core"
     )
     print(f"{'measure':<52}{'cpu s':>8}{'wall s':>8}{'target':>8}{'ratio':>7}  verdict")
     results = [
