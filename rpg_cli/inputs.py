@@ -52,6 +52,18 @@ def check_run(spec: ExperimentSpec) -> list[Finding]:
         findings += found
         if not found:
             readable.append((key, name))
+    train = [name for key, name in readable if key == "data.train_files"]
+    if len(train) == len(spec.data.train_files):  # every training file is here and readable
+        rows = training_rows(train)
+        if rows is not None and spec.train_batch_size > rows:
+            findings.append(
+                Finding(
+                    "train_batch_size",
+                    f"{spec.train_batch_size} prompts per step, but the training files hold {rows} rows "
+                    f"(a step's batch is drawn from them); allowed: at most {rows}, or more training data",
+                    error=True,
+                )
+            )
     model_dir, model_finding = resolve_model(spec.model)
     findings += [model_finding] if model_finding else []
     if model_dir is not None and readable:
@@ -67,6 +79,8 @@ def check_data_file(key: str, name: str) -> list[Finding]:
     if "://" in name:
         return [Finding(key, f"could not check {name}: only local files are checked", error=False)]
     path = Path(name).expanduser()
+    if path.is_dir():
+        return [Finding(key, f"{name} is a directory, not a parquet file; name the .parquet file in it", error=True)]
     if not path.is_file():
         how = "rpg prepare-data --toy" if "toy" in name else "rpg prepare-data"
         return [
@@ -77,11 +91,13 @@ def check_data_file(key: str, name: str) -> list[Finding]:
             )
         ]
     try:
-        columns, rows = _parquet_schema(str(path.resolve()), *_stamp(path))
+        columns, rows, prompt_type = _parquet_schema(str(path.resolve()), *_stamp(path))
     except (OSError, ValueError) as exc:
         return [
             Finding(key, f"{name} is not a readable parquet file ({exc}); write it with `rpg prepare-data`", error=True)
         ]
+    if rows == 0:  # before the columns: a file written from an empty table often has none
+        return [Finding(key, f"{name} has no rows; write it with `rpg prepare-data`", error=True)]
     missing = [c for c in REQUIRED_COLUMNS if c not in columns]
     if missing:
         return [
@@ -91,19 +107,39 @@ def check_data_file(key: str, name: str) -> list[Finding]:
                 error=True,
             )
         ]
-    if rows == 0:
-        return [Finding(key, f"{name} has no rows; write it with `rpg prepare-data`", error=True)]
+    if prompt_type is not None:
+        return [
+            Finding(
+                key,
+                f"{name}: its prompt column holds {prompt_type}, not chat messages (a list of "
+                "{role, content}); write it with `rpg prepare-data`",
+                error=True,
+            )
+        ]
     return []
+
+
+def training_rows(files: list[str]) -> int | None:
+    """The rows of the local training files together (from their footers); None where one cannot be read."""
+    total = 0
+    for name in files:
+        path = Path(name).expanduser()
+        try:
+            total += _parquet_schema(str(path.resolve()), *_stamp(path))[1]
+        except (OSError, ValueError):
+            return None
+    return total
 
 
 def parquet_schema(path: str | Path) -> tuple[frozenset[str], int]:
     """The column paths of a parquet file (dotted; groups included: reward_model, reward_model.ground_truth)
     and its row count, from its footer alone. ValueError when it is not a parquet file."""
-    return _parquet_schema(str(Path(path).resolve()), *_stamp(Path(path)))
+    return _parquet_schema(str(Path(path).resolve()), *_stamp(Path(path)))[:2]
 
 
 @functools.lru_cache(maxsize=256)
-def _parquet_schema(path: str, _mtime_ns: int, _size: int) -> tuple[frozenset[str], int]:
+def _parquet_schema(path: str, _mtime_ns: int, _size: int) -> tuple[frozenset[str], int, str | None]:
+    """Columns, rows, and the type of the prompt column when it is not a list of {role, content} structs."""
     import pyarrow as pa
     import pyarrow.parquet as pq
 
@@ -125,7 +161,14 @@ def _parquet_schema(path: str, _mtime_ns: int, _size: int) -> tuple[frozenset[st
 
     for field in schema:
         walk(field, "")
-    return frozenset(columns), meta.num_rows
+    prompt = schema.field("prompt").type if "prompt" in schema.names else None
+    messages = (
+        prompt is not None
+        and (pa.types.is_list(prompt) or pa.types.is_large_list(prompt))
+        and pa.types.is_struct(prompt.value_type)
+        and prompt.value_type.get_field_index("content") >= 0
+    )
+    return frozenset(columns), meta.num_rows, None if prompt is None or messages else str(prompt)
 
 
 def _stamp(path: Path) -> tuple[int, int]:

@@ -21,7 +21,10 @@ def write_inputs(root: Path, specs: Path | Iterable, keep: bool = False) -> None
             if keep and (root / name).exists():
                 continue
             (root / name).parent.mkdir(parents=True, exist_ok=True)
-            pq.write_table(pa.Table.from_pylist([verl_row("1+1?", "2", "toy", 0)], schema=VERL_SCHEMA), root / name)
+            # a training file holds a step's batch at least (rpg refuses a batch larger than the data)
+            rows = spec.train_batch_size if name in spec.data.train_files else 1
+            table = pa.Table.from_pylist([verl_row(f"{i}+1?", str(i + 1), "toy", i) for i in range(rows)], VERL_SCHEMA)
+            pq.write_table(table, root / name)
         if spec.model.count("/") != 1:  # a local directory
             (root / spec.model).mkdir(parents=True, exist_ok=True)
             (root / spec.model / "config.json").write_text('{"max_position_embeddings": 32}')

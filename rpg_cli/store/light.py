@@ -15,10 +15,19 @@ def run_states(db_url: str, ids: Iterable[str]) -> dict[str, str]:
     Read-only: SQLite is read in read-only mode, so nothing is created; other URLs go through the
     store (SQLAlchemy).
     """
+    return _runs_column(db_url, ids, "status")
+
+
+def run_sweeps(db_url: str, ids: Iterable[str]) -> dict[str, str]:
+    """{run id: the sweep that created it} for the ids the store knows (read as `run_states`)."""
+    return _runs_column(db_url, ids, "sweep")
+
+
+def _runs_column(db_url: str, ids: Iterable[str], column: str) -> dict[str, str]:
     ids = list(ids)
     path = sqlite_path(db_url)
     if path is None:
-        return _run_states_sqlalchemy(db_url, ids)
+        return _run_states_sqlalchemy(db_url, ids, column)
     if not path or not Path(path).is_file() or not ids:
         return {}
     import sqlite3
@@ -33,7 +42,7 @@ def run_states(db_url: str, ids: Iterable[str]) -> dict[str, str]:
         for i in range(0, len(ids), 500):
             chunk = ids[i : i + 500]
             marks = ",".join("?" * len(chunk))
-            states.update(con.execute(f"SELECT id, status FROM runs WHERE id IN ({marks})", chunk).fetchall())
+            states.update(con.execute(f"SELECT id, {column} FROM runs WHERE id IN ({marks})", chunk).fetchall())
         return states
     except sqlite3.OperationalError as exc:
         if "no such table" in str(exc):
@@ -43,7 +52,7 @@ def run_states(db_url: str, ids: Iterable[str]) -> dict[str, str]:
         con.close()
 
 
-def _run_states_sqlalchemy(db_url: str, ids: list[str]) -> dict[str, str]:
+def _run_states_sqlalchemy(db_url: str, ids: list[str], column: str) -> dict[str, str]:
     import sqlalchemy as sa
 
     from rpg_cli.store.db import Store
@@ -52,6 +61,6 @@ def _run_states_sqlalchemy(db_url: str, ids: list[str]) -> dict[str, str]:
     try:
         if not ids or not sa.inspect(engine).has_table("runs"):
             return {}
-        return {r.id: r.status for r in Store(engine).runs(ids=ids)}
+        return {r.id: getattr(r, column) for r in Store(engine).runs(ids=ids)}
     finally:
         engine.dispose()
