@@ -10,6 +10,7 @@
       checkpoints/    step_N/ (local backend: an HF model directory, plus its trainer state) or
                       global_step_N/actor/huggingface/ (verl, when it saves hf_model)
       eval/step_N/<benchmark>.jsonl   `rpg eval`'s generated responses, its resume cache
+    runs/<sweep>/slurm/   `rpg slurm`'s script, job id and output (slurm_dir)
 
 `write_atomic` writes a file whole or not at all; `last_lines` and `last_error_line` read the end of
 a log. Standard library only: the orchestrator, both backends and the evaluation import this.
@@ -54,6 +55,12 @@ def checkpoints_dir(run_dir: Path) -> Path:
 
 def eval_cache_path(run_dir: Path, step: int, benchmark: str) -> Path:
     return Path(run_dir) / EVAL_DIR / f"step_{step}" / f"{benchmark}.jsonl"
+
+
+def slurm_dir(sweep_dir: Path) -> Path:
+    """`rpg slurm`'s files for a sweep (runs/<sweep>/slurm/): its sbatch script, the id of its Slurm job
+    (what `rpg cancel SWEEP` cancels), Slurm's output, the Ray token of a running allocation."""
+    return Path(sweep_dir) / "slurm"
 
 
 def write_spec(run_dir: Path, spec: dict) -> Path:

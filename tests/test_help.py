@@ -42,6 +42,7 @@ def test_every_command_is_covered():
     assert set(COMMANDS) == {
         "prepare-data",
         "sweep",
+        "slurm",
         "eval",
         "report",
         "compare",

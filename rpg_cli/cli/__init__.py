@@ -5,6 +5,7 @@ them, so that `rpg --help` and `rpg sweep --dry-run` answer at once.
 
     common    the app, the command decorator, one-line messages, the store opener, reconciliation
     data      prepare-data          sweep     sweep (plan, submit, live view)
+    slurm     slurm (a sweep as one Slurm job)
     evaluate  eval                  report    report, compare
     runs      runs, logs, cancel, stop        export    export
 """
@@ -15,6 +16,6 @@ from __future__ import annotations
 from rpg_cli.cli.common import app
 
 # each module registers its commands on `app`: imported in the order `rpg --help` lists them
-from rpg_cli.cli import data, sweep, evaluate, report, runs, export  # noqa: F401
+from rpg_cli.cli import data, sweep, slurm, evaluate, report, runs, export  # noqa: F401
 
 __all__ = ["app"]

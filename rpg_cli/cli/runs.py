@@ -187,12 +187,21 @@ def cancel_command(
     from pathlib import Path
 
     from rpg_cli.orchestration.head import ClusterError
+    from rpg_cli.orchestration.slurm import SlurmError, cancel_job
     from rpg_cli.orchestration.sweep import cancel
     from rpg_cli.store import StoreError
 
+    try:  # a sweep's Slurm job (`rpg slurm`) first: then nothing restarts its runs
+        slurm = cancel_job(Path(runs_dir), ref)
+    except SlurmError as e:
+        fail("cancel", e)
+    if slurm:
+        typer.echo(slurm)
     try:
         done = cancel(ref, db, address=address, runs_dir=Path(runs_dir))
     except (ClusterError, StoreError) as e:
+        if slurm and isinstance(e, StoreError):  # a job cancelled while queued: no run recorded yet
+            return
         fail("cancel", e)
     if done.finished:
         typer.echo(
