@@ -10,10 +10,19 @@
       checkpoints/    step_N/ (local backend: an HF model directory, plus its trainer state) or
                       global_step_N/actor/huggingface/ (verl, when it saves hf_model)
       eval/step_N/<benchmark>.jsonl   `rpg eval`'s generated responses, its resume cache
+      eval/step_N/<benchmark>.scored.jsonl   its scored samples, one line per problem: what an
+                      evaluation records, ingested by the `rpg` that holds the store (store/ingest.py)
     runs/<sweep>/slurm/   `rpg slurm`'s script, job id and output (slurm_dir)
 
 `write_atomic` writes a file whole or not at all; `last_lines` and `last_error_line` read the end of
 a log. Standard library only: the orchestrator, both backends and the evaluation import this.
+
+The runs directory may be shared (a team's filesystem), so what rpg makes or opens below it follows one
+rule, the one `runs/ray` follows too (orchestration/head.py): every directory and file is owned by the
+user and writable by nobody else, and no symbolic link is followed: rpg never makes one, so a link
+there was planted. A path that breaks the rule is refused (UnsafePathError, one line naming it). What
+rpg creates is writable by its owner only, whatever the umask; the umask decides who may read it
+(FILE_MODE, DIR_MODE): 022 lets everyone read, 027 with a group-owned runs/ lets the team read.
 """
 
 from __future__ import annotations
@@ -23,6 +32,7 @@ import errno
 import os
 import re
 import secrets
+import stat
 from pathlib import Path
 
 SPEC_FILE = "spec.json"
@@ -32,6 +42,19 @@ CHECKPOINTS_DIR = "checkpoints"
 EVAL_DIR = "eval"
 RESTART_KEY = "restart"  # metrics.jsonl: a resumed attempt's first line (restart_line)
 REWARD_KEY = "critic/score/mean"  # the metrics.jsonl key that `rpg runs` and the sweep view show as reward
+# a run whose loss or gradient norm is logged non-finite has stopped learning: it fails, never "succeeds"
+DIVERGED_KEYS = ("actor/pg_loss", "actor/grad_norm")
+
+
+def diverged(step: int, what: str) -> str:
+    """The failure reason of a run whose step `step` left `what` non-finite ("actor/pg_loss is nan")."""
+    return f"training diverged at step {step}: {what}; lower lr or beta, then `rpg sweep SPEC --retry-failed`"
+
+
+# What rpg creates under the runs directory: the owner writes, the umask says who reads.
+FILE_MODE = 0o644
+DIR_MODE = 0o755
+_OTHERS_WRITE = stat.S_IWGRP | stat.S_IWOTH
 
 _STEP_DIR = re.compile(r"^(?:global_)?step_(\d+)$")
 _WEIGHT_FILES = ("*.safetensors", "pytorch_model*.bin", "model.safetensors.index.json")
@@ -57,6 +80,10 @@ def eval_cache_path(run_dir: Path, step: int, benchmark: str) -> Path:
     return Path(run_dir) / EVAL_DIR / f"step_{step}" / f"{benchmark}.jsonl"
 
 
+def eval_scored_path(run_dir: Path, step: int, benchmark: str) -> Path:
+    return Path(run_dir) / EVAL_DIR / f"step_{step}" / f"{benchmark}.scored.jsonl"
+
+
 def slurm_dir(sweep_dir: Path) -> Path:
     """`rpg slurm`'s files for a sweep (runs/<sweep>/slurm/): its sbatch script, the id of its Slurm job
     (what `rpg cancel SWEEP` cancels), Slurm's output, the Ray token of a running allocation."""
@@ -64,10 +91,134 @@ def slurm_dir(sweep_dir: Path) -> Path:
 
 
 def write_spec(run_dir: Path, spec: dict) -> Path:
-    """Write `<run_dir>/spec.json` atomically; returns its path."""
+    """Write `<run_dir>/spec.json` atomically (the run directory made or checked first); returns its path."""
     import json
 
-    return write_atomic(spec_path(run_dir), json.dumps(spec, indent=2, sort_keys=True) + "\n")
+    return write_run_file(spec_path(run_dir), json.dumps(spec, indent=2, sort_keys=True) + "\n")
+
+
+def write_run_file(path: str | Path, data: str | bytes) -> Path:
+    """`write_atomic` of a file in a run directory (spec.json, job.log): the directory made or checked
+    first, the file FILE_MODE (the module's rule)."""
+    path = Path(path)
+    make_run_dir(path.parent)
+    return write_atomic(path, data, mode=FILE_MODE)
+
+
+# ------------------------------------------------------------------------------- shared runs directory
+
+
+class UnsafePathError(OSError):
+    """A path under the runs directory that breaks the module's rule; `str` of the error is not one
+    line, `os_error_line` of it is: the path, what is wrong, the fix."""
+
+    def __init__(self, path: str | Path, why: str):
+        super().__init__(None, why, str(path))
+
+
+def check_owned(path: str | Path, info: os.stat_result, directory: bool = False) -> None:
+    """Refuse (UnsafePathError) what `info` (an lstat or fstat of `path`) says rpg must not use: a link,
+    another kind of file, someone else's, or writable by others."""
+    if stat.S_ISLNK(info.st_mode):
+        raise UnsafePathError(path, "a symbolic link, which rpg never makes (someone planted it); remove it")
+    if not (stat.S_ISDIR if directory else stat.S_ISREG)(info.st_mode):
+        raise UnsafePathError(path, f"not a {'directory' if directory else 'regular file'}; remove it")
+    if info.st_uid != os.geteuid():
+        raise UnsafePathError(
+            path, f"belongs to uid {info.st_uid}, not to you (uid {os.geteuid()}); remove it, or use another --runs-dir"
+        )
+    if info.st_mode & _OTHERS_WRITE:
+        raise UnsafePathError(
+            path,
+            f"others can write it (mode {stat.S_IMODE(info.st_mode):o}); if you trust it chmod go-w it, else remove it",
+        )
+
+
+def make_dirs(path: str | Path, below: str | Path) -> Path:
+    """`path` as a directory of the user's (the module's rule), made if missing, and so every directory
+    between `below` (the user's choice: made if missing, not checked) and it; returns `path`."""
+    path, below = Path(path), Path(below)
+    try:
+        parts = path.relative_to(below).parts
+    except ValueError:
+        raise ValueError(f"{path} is not below {below}") from None
+    below.mkdir(parents=True, exist_ok=True)
+    current = below
+    for part in parts:
+        current = current / part
+        with contextlib.suppress(FileExistsError):
+            os.mkdir(current, DIR_MODE)
+        check_owned(current, os.lstat(current), directory=True)
+    return path
+
+
+def make_run_dir(run_dir: str | Path) -> Path:
+    """`runs/<sweep>/<run>`: the sweep's and the run's directories made or checked, and what the run
+    directory holds already (spec.json, metrics.jsonl, job.log, checkpoints/, eval/) checked (the
+    module's rule): also what verl will write to, which rpg cannot open for it."""
+    run_dir = Path(run_dir).absolute()
+    make_dirs(run_dir, run_dir.parent.parent)
+    for name in (SPEC_FILE, METRICS_FILE, JOB_LOG, CHECKPOINTS_DIR, EVAL_DIR):
+        entry = run_dir / name
+        with contextlib.suppress(FileNotFoundError):
+            check_owned(entry, os.lstat(entry), directory=name in (CHECKPOINTS_DIR, EVAL_DIR))
+    return run_dir
+
+
+def open_owned(path: str | Path, flags: int = os.O_RDONLY) -> int:
+    """A file descriptor on `path` (os.open `flags`; O_CREAT makes it FILE_MODE) under the module's rule,
+    checked on the opened file: no link followed, the user's own, writable by nobody else."""
+    try:
+        fd = os.open(path, flags | os.O_NOFOLLOW | os.O_CLOEXEC, FILE_MODE)
+    except OSError as exc:
+        if exc.errno == errno.ELOOP:
+            raise UnsafePathError(
+                path, "a symbolic link, which rpg never makes (someone planted it); remove it"
+            ) from None
+        raise
+    try:
+        check_owned(path, os.fstat(fd))
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
+def append_line(path: str | Path, line: str | bytes) -> None:
+    """Append one line to a file rpg keeps (metrics.jsonl, eval's JSONL files), made if missing (the
+    module's rule). A line cut short by a crash is ended first, so `line` stays a line of its own: a
+    reader skips the torn one. One write: a concurrent reader sees the line whole or not at all."""
+    data = (line.encode("utf-8") if isinstance(line, str) else line).rstrip(b"\n") + b"\n"
+    fd = open_owned(path, os.O_RDWR | os.O_CREAT | os.O_APPEND)
+    try:
+        size = os.fstat(fd).st_size
+        if size and os.pread(fd, 1, size - 1) != b"\n":
+            data = b"\n" + data
+        os.write(fd, data)
+    finally:
+        os.close(fd)
+
+
+def read_owned(path: str | Path) -> bytes | None:
+    """The bytes of a file rpg keeps (the module's rule); None when there is none."""
+    try:
+        fd = open_owned(path)
+    except FileNotFoundError:
+        return None
+    with os.fdopen(fd, "rb") as f:
+        return f.read()
+
+
+def settle_modes(root: str | Path) -> None:
+    """Give what a library wrote below `root` (a checkpoint: HF and torch choose their own modes) rpg's
+    modes, FILE_MODE and DIR_MODE less the umask; links are left alone."""
+    umask = os.umask(0)
+    os.umask(umask)
+    for folder, dirs, files in os.walk(root):
+        for name, mode in [(d, DIR_MODE) for d in dirs] + [(f, FILE_MODE) for f in files] + [("", DIR_MODE)]:
+            target = os.path.join(folder, name) if name else folder
+            if not os.path.islink(target):
+                os.chmod(target, mode & ~umask)
 
 
 def restart_line(keep_through: int | None) -> str:
@@ -148,7 +299,8 @@ def as_checkpoint(path: Path) -> tuple[int, Path, Path | None] | None:
 
 
 def write_atomic(path: str | Path, data: str | bytes, mode: int = 0o666) -> Path:
-    """Write a file whole or not at all (a temporary file beside it, renamed over it); returns its path.
+    """Write a file whole or not at all (a temporary file beside it, renamed over it: a link at `path`
+    is replaced, never followed); returns its path.
 
     `mode` is filtered by the umask, as for any new file (0o600: the owner only). An OSError names
     `path` (or the directory that could not be made), not the temporary file.

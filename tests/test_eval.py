@@ -13,6 +13,7 @@ import random
 import shutil
 import sqlite3
 import statistics
+import time
 from collections import Counter
 from pathlib import Path
 
@@ -22,6 +23,7 @@ from typer.testing import CliRunner
 torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
+from rpg_cli import rundir  # noqa: E402
 from rpg_cli.cli import app  # noqa: E402
 from rpg_cli.evaluation import EvalError, EvalOptions, plan_eval  # noqa: E402
 from rpg_cli.evaluation.__main__ import parse_args  # noqa: E402
@@ -301,16 +303,30 @@ def test_resume_generates_only_what_is_missing_and_rescoring_reuses_responses(as
     assert rpg(*args).exit_code == 0
     assert count_generation == {"load": 1, "generate": 3}
 
-    # one problem lost from the store and from the response cache (as if killed mid-way): only it is redone
-    con = sqlite3.connect(db_file)
-    con.execute("DELETE FROM samples WHERE position = 1")
-    con.execute("DELETE FROM evals")
-    con.commit()
-    con.close()
+    # the store lost samples, the run directory did not: they come back from it, nothing is generated
+    def forget(where: str) -> None:
+        con = sqlite3.connect(db_file)
+        con.execute(f"DELETE FROM samples WHERE {where}")
+        con.execute("DELETE FROM evals")
+        con.commit()
+        con.close()
+
+    forget("position = 2")
+    assert rpg(*args).exit_code == 0
+    assert count_generation == {"load": 1, "generate": 3}
+    assert len(query(db_file, "SELECT * FROM samples")) == 3 * K and evals(db_file, run_id) == pytest.approx(first)
+
+    # one problem lost from the store, its scored line and the response cache (as if killed mid-way): only
+    # it is redone
+    forget("position = 1")
     (cache,) = (tmp_path / "runs").glob("checkpoints/*/eval/step_0/toy_add.jsonl")
+    scored = cache.with_name("toy_add.scored.jsonl")
     lines = cache.read_text().splitlines()
     assert len(lines) == 3
     cache.write_text("\n".join(lines[:1] + lines[2:]) + "\n" + lines[1][:20])  # problem 1's line torn
+    kept = [line for line in scored.read_text().splitlines() if json.loads(line)["position"] != 1]
+    assert len(kept) == 2
+    scored.write_text("\n".join(kept) + "\n")
     assert rpg(*args).exit_code == 0
     assert count_generation == {"load": 2, "generate": 4}
     assert len(query(db_file, "SELECT * FROM samples")) == 3 * K
@@ -433,8 +449,10 @@ def test_verl_validation_metrics_are_ingested_under_verl_names(tmp_path):
     assert not any(metric.startswith("pass@") for _, _, metric, *_ in rows)
 
 
-def test_job_options_round_trip_through_the_entry_point(monkeypatch):
-    from rpg_cli.evaluation.job import job_argv, job_env
+def test_job_options_and_targets_round_trip_through_the_entry_point(assets, tmp_path):
+    from rpg_cli.evaluation.__main__ import parse_targets
+    from rpg_cli.evaluation.job import job_argv
+    from rpg_cli.store.url import DEFAULT_DB_URL
 
     options = EvalOptions(
         ref="runs/s/r",
@@ -452,13 +470,124 @@ def test_job_options_round_trip_through_the_entry_point(monkeypatch):
         seed=3,
     )
     argv = job_argv(options)
-    assert argv[:3] == ["python", "-m", "rpg_cli.evaluation"]
-    for name, value in job_env(options).items():  # the database URL travels in the job's environment
-        monkeypatch.setenv(name, value)
-    assert parse_args(argv[3:]) == options
-    assert parse_args(job_argv(EvalOptions(ref="r"))[3:]) == EvalOptions(ref="r", db="sqlite:///a.db")
+    assert argv[:3] == ["python", "-m", "rpg_cli.evaluation"] and len(argv) == 4
+    assert "a.db" not in " ".join(argv)  # the job never gets the store's URL ...
+    assert parse_args(argv[3:]) == options.model_copy(update={"db": DEFAULT_DB_URL})  # ... all the rest
     with pytest.raises(EvalError, match="bad evaluation options: k: "):
         parse_args(['{"ref": "r", "k": "many"}'])
+
+    db = f"sqlite:///{tmp_path / 'results.db'}"
+    spec = make_run(tmp_path, assets["model"], db, steps=(1, 2))
+    plan = plan_eval(EvalOptions(ref=spec.run_name, benchmarks=(str(assets["data"]),), db=db, steps="all"))
+    argv = job_argv(plan.options, plan.targets)
+    assert "results.db" not in " ".join(argv)
+    assert parse_targets(argv[4]) == list(plan.targets)  # what this process resolved in the store, whole
+    with pytest.raises(EvalError, match="bad evaluation targets"):
+        parse_targets('[{"run_id": "x"}]')
+
+
+# ------------------------------------------------------------- an evaluation killed, then resumed
+
+
+class Killed(Exception):
+    """Stands for the evaluation job's process dying: nothing after it runs."""
+
+
+def fake_generator(calls: dict, die_after: int | None = None):
+    """A deterministic stand-in for the model: answers 3 or 7 by the bits of the problem's seed; raises
+    Killed instead of generating problem number `die_after` (counted over the whole run)."""
+    from rpg_cli.evaluation.generation import Response
+
+    class Fake:
+        def generate(self, problems, seeds, sampling):
+            out = []
+            for seed in seeds:
+                if die_after is not None and calls["generated"] >= die_after:
+                    raise Killed
+                calls["generated"] += 1
+                out.append([Response(f"Answer: {'37'[(seed >> j) & 1]}", 4 + j) for j in range(sampling.k)])
+            return out
+
+        def close(self):
+            pass
+
+    return lambda model_dir, engine: Fake()
+
+
+def _stored(db_file: Path) -> tuple[list, list]:
+    return (
+        query(
+            db_file,
+            "SELECT step, problem, sample_index, extracted, correct, response_length FROM samples ORDER BY 1, 2, 3",
+        ),
+        query(
+            db_file, "SELECT step, metric, k, value, scorer_version FROM evals WHERE scorer = 'dapo' ORDER BY 1, 2, 3"
+        ),
+    )
+
+
+@pytest.mark.parametrize("kill_at", range(6))
+def test_a_killed_evaluation_job_resumes_and_nothing_is_lost_or_counted_twice(assets, tmp_path, kill_at):
+    """The job's part (files only) killed before its problem `kill_at` of 6 (2 checkpoints x 3 problems),
+    its last line torn on odd kills; `rpg eval`'s part ingests what is there, the job is run again, and
+    the store ends up exactly as after an evaluation never interrupted."""
+    from rpg_cli.evaluation.pipeline import ScoredFeed, finish_eval, prepare_target, run_eval
+
+    def setup(root: Path):
+        db_file = root / "results.db"
+        spec = make_run(root, assets["model"], f"sqlite:///{db_file}")
+        options = EvalOptions(
+            ref=spec.run_name,
+            benchmarks=(str(assets["data"]),),
+            db=f"sqlite:///{db_file}",
+            k=K,
+            engine="hf",
+            steps="all",
+        )
+        plan = plan_eval(options)
+        store = open_store(options.db)
+        for target in plan.targets:
+            prepare_target(store, target)
+        return db_file, plan, store
+
+    # never interrupted: the reference
+    ref_db, plan, store = setup(tmp_path / "reference")
+    calls = {"generated": 0}
+    run_eval(plan, None, make_generator=fake_generator(calls))
+    assert finish_eval(store, plan, ScoredFeed()) == [] and calls["generated"] == 6
+    store.close()
+    reference = _stored(ref_db)
+    assert len(reference[0]) == 6 * K and reference[1]
+
+    db_file, plan, store = setup(tmp_path / "killed")
+    calls = {"generated": 0}
+    with pytest.raises(Killed):
+        run_eval(plan, None, make_generator=fake_generator(calls, die_after=kill_at))
+    (target,) = plan.targets
+    step = [c.step for c in target.checkpoints][kill_at // 3]
+    scored = rundir.eval_scored_path(target.run_dir, step, "toy_add")
+    if kill_at % 2:  # killed while writing its next line
+        scored.parent.mkdir(parents=True, exist_ok=True)
+        with open(scored, "ab") as f:
+            f.write(b'{"position": 9, "problem": "to')
+    feed = ScoredFeed()
+    incomplete = finish_eval(store, plan, feed)  # what `rpg eval` does when the job ends: keep what is there
+    assert len(query(db_file, "SELECT * FROM samples")) == kill_at * K
+    assert len(incomplete) == (2 if kill_at < 3 else 1)
+
+    calls["generated"] = 0
+    results = run_eval(plan, None, make_generator=fake_generator(calls))  # the job again: what is missing only
+    assert calls["generated"] == 6 - kill_at
+    assert {(r.step, r.benchmark) for r in results} == {(1, "toy_add"), (2, "toy_add")}
+    assert finish_eval(store, plan, feed) == []
+    assert _stored(db_file) == reference  # every sample once, the metrics from them
+    store.close()
+
+    # a new `rpg eval` (no cursor: every file read from its start) changes nothing
+    store = open_store(f"sqlite:///{db_file}")
+    assert finish_eval(store, plan, ScoredFeed()) == []
+    store.close()
+    assert _stored(db_file) == reference
 
 
 # ------------------------------------------------------------------------------------ bad input
@@ -530,6 +659,72 @@ def test_eval_runs_as_a_ray_job_on_the_local_head(assets, tmp_path):
     stored = evals(db_file, run_id)
     for (metric, k), value in recompute(samples).items():
         assert stored[(0, metric, k)] == pytest.approx(value, abs=1e-12)
+
+
+@pytest.mark.slow
+def test_an_eval_job_never_sees_the_store_password(assets, tmp_path, postgres_db, monkeypatch):
+    """`rpg eval` as a Ray job on the local head, the store a PostgreSQL database whose URL (in $RPG_DB,
+    as the README says) holds a password: the samples reach the store, and the password is nowhere Ray
+    or the job could read it: the jobs API (list_jobs, get_job_info), the environment a job gets,
+    the job's log, and every file under runs/ (Ray's own logs included)."""
+    pytest.importorskip("ray.job_submission", reason="the Ray job path needs ray[default]")
+    from rpg_cli.orchestration.head import connect, head_env_names, local_head, stop_local_head
+
+    secret = "Pw-7731-eval-S3cr3t"
+    url = postgres_db.replace("://rpg@", f"://rpg:{secret}@", 1)  # the test server trusts: any password works
+    spec = make_run(tmp_path, assets["model"], url)
+    runs = tmp_path / "runs"
+    monkeypatch.setenv("RPG_DB", url)
+    monkeypatch.chdir(tmp_path)
+    try:
+        result = rpg(
+            "eval", spec.run_name, "-b", str(assets["data"]), "--k", "2", "--runs-dir", str(runs),
+            "--max-tokens", str(MAX_TOKENS),
+        )  # fmt: skip
+        assert result.exit_code == 0, result.output
+        assert "Ray job rpg-eval-" in result.output and secret not in result.output
+        store = open_store(url)
+        try:
+            assert len(store.stored_samples(spec.run_id, 2, "toy_add", "dapo", plan_eval(
+                EvalOptions(ref=spec.run_name, benchmarks=(str(assets["data"]),), db=url, k=2, max_tokens=MAX_TOKENS)
+            ).targets[0].sampling.protocol)) == 3  # fmt: skip
+        finally:
+            store.close()
+
+        client = connect(runs_dir=runs, start=False)
+        jobs = client.list_jobs()
+        assert [j.submission_id for j in jobs if (j.submission_id or "").startswith("rpg-eval-")]
+        for job in jobs:
+            seen = repr(job) + repr(client.get_job_info(job.submission_id or job.job_id))
+            assert secret not in seen and "RPG_DB" not in seen and "RPG_EVAL_DB" not in seen, seen[:300]
+            assert not ((job.runtime_env or {}).get("env_vars") or {})  # nothing of the store, nor anything else
+            assert secret not in client.get_job_logs(job.submission_id)
+
+        # what a job's process finds in its environment: the head's, which never held the URL
+        probe = client.submit_job(
+            entrypoint="python -c 'import json, os; print(\"ENV\", json.dumps(sorted(os.environ.items())))'"
+        )
+        for _ in range(240):
+            if str(client.get_job_status(probe)) in ("SUCCEEDED", "FAILED", "STOPPED"):
+                break
+            time.sleep(0.5)
+        env_line = next(line for line in client.get_job_logs(probe).splitlines() if line.startswith("ENV "))
+        env = dict(json.loads(env_line[4:]))
+        assert "PATH" in env and "RPG_DB" not in env and secret not in env_line
+        names = head_env_names(runs)
+        assert names is not None and "PATH" in names and "RPG_DB" not in names
+
+        head = local_head(runs, start=False)
+        roots = [runs] + ([Path(head.temp_dir)] if head is not None else [])
+    finally:
+        stop_local_head(runs)
+    checked = 0
+    for root in roots:
+        for path in root.rglob("*"):
+            if path.is_file() and not path.is_symlink():
+                checked += 1
+                assert secret.encode() not in path.read_bytes(), path
+    assert checked > 20  # Ray's logs, the eval's files: the scan saw them
 
 
 def test_a_sweep_evaluates_its_runs_and_skips_those_without_checkpoints(assets, tmp_path):

@@ -18,7 +18,7 @@ from typer.testing import CliRunner
 
 from rpg_cli.cli import app
 from rpg_cli.orchestration.plan import RunPlan
-from rpg_cli.store import StoreError, open_store, parse_metric_lines, run_states
+from rpg_cli.store import StoreError, migrations, open_store, parse_metric_lines, run_states
 
 
 def plan(i: int, root: Path, sweep: str = "sw") -> RunPlan:
@@ -67,6 +67,8 @@ def test_open_store_creates_parent_dir_and_uses_wal(tmp_path):
 
 def test_open_store_without_create_refuses_a_missing_file(tmp_path):
     with pytest.raises(StoreError, match="no results database"):
+        open_store(f"sqlite:///{tmp_path / 'results.db'}", create=False)
+    with pytest.raises(StoreError, match="no directory"):  # a path under a missing directory: a mistyped --db
         open_store(f"sqlite:///{tmp_path / 'runs' / 'results.db'}", create=False)
     assert not (tmp_path / "runs").exists()
 
@@ -439,8 +441,10 @@ def test_rpg_runs_lists_and_filters(tmp_path):
     result = runner.invoke(app, ["runs", "--db", db, "--status", "exploded"])
     assert result.exit_code == 2 and "unknown --status exploded" in result.output
 
-    result = runner.invoke(app, ["runs", "--db", f"sqlite:///{tmp_path / 'none' / 'results.db'}"])
+    result = runner.invoke(app, ["runs", "--db", f"sqlite:///{tmp_path / 'none.db'}"])
     assert result.exit_code == 0 and "no runs recorded yet" in result.output
+    result = runner.invoke(app, ["runs", "--db", f"sqlite:///{tmp_path / 'none' / 'results.db'}"])
+    assert result.exit_code == 2 and "no directory" in result.output
     assert not (tmp_path / "none").exists()
 
 
@@ -494,9 +498,10 @@ def test_a_database_written_before_schema_versions_opens_with_nothing_lost(tmp_p
         finally:
             store.close()
     after = table_rows(db)
-    assert after["schema_version"] == [(2,)]
-    for name in ("runs", "sweeps", "metrics"):
-        assert after[name] == before[name]  # every row, as it was
+    assert after["schema_version"] == [(migrations.LATEST,)]
+    for name in ("runs", "sweeps", "metrics"):  # every row, as it was (columns added since: unknown, NULL)
+        assert [r[: len(before[name][0])] for r in after[name]] == before[name]
+    assert {r[-1] for r in after["runs"]} == {None}  # running_at (version 3)
     assert sorted(r[:4] for r in after["metric_files"]) == sorted(before["metric_files"])  # identity unknown: NULL
     assert all(r[4:] == (None, None, None) for r in after["metric_files"])
     with sqlite3.connect(db) as con:
@@ -519,7 +524,6 @@ def test_a_database_written_before_schema_versions_opens_with_nothing_lost(tmp_p
 
 
 def test_a_new_version_upgrades_an_older_database_in_place_once(tmp_path, monkeypatch):
-    from rpg_cli.store import migrations
 
     db = v1_database(tmp_path / "results.db")
     calls = []
@@ -551,3 +555,149 @@ def test_a_database_newer_than_this_rpg_is_refused(tmp_path):
         con.execute("UPDATE schema_version SET version = 99")
     with pytest.raises(StoreError, match="schema version 99, newer than this rpg knows"):
         open_store(f"sqlite:///{db}", create=False)
+
+
+# ------------------------------------------------------------------ scored samples of an evaluation
+
+
+def _scored(problem: int, verdicts: str, scorer: str = "dapo") -> str:
+    """The scored-samples line of problem `problem`: one sample per character of `verdicts` (1 right)."""
+    from rpg_cli.store.ingest import sample_line
+
+    protocol = {"n": len(verdicts), "temperature": 1.0, "top_p": 1.0, "max_tokens": 16, "seed": 0}
+    samples = [(str(problem) if v == "1" else "x", v == "1", 3 + j) for j, v in enumerate(verdicts)]
+    return sample_line(f"p{problem}", problem, scorer, "dapo-1", protocol, samples) + "\n"
+
+
+def _ingest_scored(store, run_id: str, path: Path, cursor):
+    """What ScoredFeed does for one file: the new lines, as sample rows, into the store."""
+    from rpg_cli.store.ingest import parse_sample_line, read_new, sample_rows
+
+    parsed, cursor = read_new(path, cursor, parse_sample_line)
+    store.record_samples([row for event in parsed.events for row in sample_rows(run_id, 7, "b", event)])
+    return cursor, parsed
+
+
+def _is_json(data: bytes) -> bool:
+    try:
+        json.loads(data)
+    except ValueError:
+        return False
+    return True
+
+
+def _samples(store) -> list[tuple]:
+    with sqlite3.connect(store.engine.url.database) as con:
+        return con.execute(
+            "SELECT problem, sample_index, correct, response_length FROM samples ORDER BY problem, sample_index"
+        ).fetchall()
+
+
+def test_scored_samples_killed_at_any_byte_are_ingested_once_and_whole(store, tmp_path):
+    """An evaluation killed at any byte of its file, ingested then, resumed (the writer ends the torn
+    line first) and ingested again: every sample once, none lost, none from a torn line."""
+    from rpg_cli.rundir import append_line
+
+    store.record_plan(plan(1, tmp_path))
+    lines = [_scored(0, "1100"), _scored(1, "0001"), _scored(2, "1111")]
+    whole = "".join(lines).encode()
+    expected = [
+        (f"p{p}", j, int(v == "1"), 3 + j) for p, vs in enumerate(["1100", "0001", "1111"]) for j, v in enumerate(vs)
+    ]
+    for cut in range(len(whole) + 1):
+        with sqlite3.connect(store.engine.url.database) as con:
+            con.execute("DELETE FROM samples")
+        path = tmp_path / f"cut{cut}.scored.jsonl"
+        path.write_bytes(whole[:cut])
+        cursor, first = _ingest_scored(store, "id0001", path, None)
+        fragment = whole[:cut].rsplit(b"\n", 1)[-1]  # the last line, cut short where the kill came
+        torn = bool(fragment) and not _is_json(fragment)
+        complete = whole[:cut].count(b"\n") + (1 if fragment and not torn else 0)
+        assert len(first.events) == complete and not first.bad, cut  # a torn tail waits, never misread
+        # the resumed evaluation redoes every problem it has no complete line for, each as one line
+        done = {e["problem"] for e in first.events}
+        for p, line in enumerate(lines):
+            if f"p{p}" not in done:
+                append_line(path, line)
+        cursor, second = _ingest_scored(store, "id0001", path, cursor)
+        assert {e["problem"] for e in second.events} == {f"p{p}" for p in range(3)} - done, cut
+        assert len(second.bad) == int(torn), cut  # the torn line, ended by the resumed writer: skipped, warned
+        assert _samples(store) == expected, cut
+        assert _ingest_scored(store, "id0001", path, cursor)[1].events == []  # nothing new: nothing read
+
+
+def test_scored_samples_rewritten_or_replaced_are_read_again_and_the_last_line_wins(store, tmp_path):
+    store.record_plan(plan(1, tmp_path))
+    path = tmp_path / "b.scored.jsonl"
+    path.write_text(_scored(0, "00") + _scored(1, "00"))
+    cursor, _ = _ingest_scored(store, "id0001", path, None)
+    assert [c for _, _, c, _ in _samples(store)] == [0, 0, 0, 0]
+    # rewritten in place, same length, same inode: the fingerprint tells; problem 1 scored again
+    with open(path, "r+b") as f:
+        f.write((_scored(0, "00") + _scored(1, "11")).encode())
+    cursor, parsed = _ingest_scored(store, "id0001", path, cursor)
+    assert len(parsed.events) == 2 and [c for _, _, c, _ in _samples(store)] == [0, 0, 1, 1]
+    # replaced by another file (a new inode), shorter: read from its start
+    replacement = tmp_path / "new"
+    replacement.write_text(_scored(0, "10"))
+    os.replace(replacement, path)
+    cursor, parsed = _ingest_scored(store, "id0001", path, cursor)
+    assert len(parsed.events) == 1 and [c for _, _, c, _ in _samples(store)] == [1, 0, 1, 1]
+    # a problem scored twice in one file: the later line wins, one row per sample
+    path.write_text(_scored(2, "00") + "garbage\n" + _scored(2, "01"))
+    cursor, parsed = _ingest_scored(store, "id0001", path, None)
+    assert parsed.bad == [(1, "not JSON")]
+    assert [(p, c) for p, _, c, _ in _samples(store) if p == "p2"] == [("p2", 0), ("p2", 1)]
+
+
+# ------------------------------------------------------------------------------- passwords
+
+
+@pytest.mark.parametrize(
+    "text, secret",
+    [
+        ("postgresql://alice:S3cr3t@db.example:5432/rpg", "S3cr3t"),
+        ("postgresql://alice:p@ss:w0rd/x@db.example/rpg", "ss:w0rd"),  # @, : and / in the password
+        ("postgresql://alice@db.example/rpg?password=S3cr3t", "S3cr3t"),
+        ("postgresql://db.example/rpg?sslmode=require&password=S3cr3t&user=alice", "S3cr3t"),
+        ("postgresql://db.example/rpg?PASSWORD=S3cr3t", "S3cr3t"),
+        ("host=db.example password=S3cr3t user=alice", "S3cr3t"),
+        ("cannot open 'postgresql://u:S3cr3t@h/d' (refused)", "S3cr3t"),
+    ],
+)
+def test_one_redactor_hides_every_form_of_password(text, secret):
+    from rpg_cli.store.url import display_url, redact
+
+    for shown in (redact(text), display_url(text)):
+        assert secret not in shown and "***" in shown, shown
+    assert "db.example" in redact(text) or "h/d" in redact(text)  # only the password goes
+
+
+def test_redaction_keeps_what_holds_no_password():
+    from rpg_cli.store.url import redact
+
+    for text in ("sqlite:///runs/results.db", "http://127.0.0.1:8265", "https://user@host/x", "bypass the cache"):
+        assert redact(text) == text
+
+
+@pytest.mark.parametrize(
+    "url",
+    [
+        "postgresql://alice:p@ss:w0rd@127.0.0.1:1/rpg",  # the port parse would quote "w0rd@127.0.0.1:1"
+        "postgresql://alice@127.0.0.1:1/rpg?password=S3cr3tQ",
+        "postgresql://127.0.0.1:1/rpg?sslmode=disable&password=S3cr3tA",
+    ],
+)
+def test_a_password_in_a_bad_or_unreachable_url_is_never_printed(url, tmp_path):
+    result = subprocess.run(
+        [sys.executable, "-m", "rpg_cli", "runs", "--db", url],
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+        timeout=120,
+    )
+    out = result.stdout + result.stderr
+    assert result.returncode == 2, out
+    assert "Traceback" not in out and len(out.strip().splitlines()) == 1, out
+    for fragment in ("w0rd", "S3cr3tQ", "S3cr3tA", "ss:"):
+        assert fragment not in out, out

@@ -1,26 +1,39 @@
 """How `rpg eval` runs: in this process, or as a Ray job like training (on the cluster at --address,
 or on rpg's local head), followed to its end. `evaluate` is the one call the CLI makes.
 
-The job runs `python -m rpg_cli.evaluation '<the options as JSON>'` from the directory rpg runs in (the
-local head shares this filesystem; a remote cluster needs the same paths). The database URL, which
-may hold a password, travels in the job's environment ($RPG_EVAL_DB), not in that command. The
-submission id is a hash of the command and the URL, so running the same `rpg eval` again while the
-job lives re-attaches to it instead of starting a second one; once it has ended, a new attempt gets
-`-2`, `-3`, ... The results go to the store, which is also where the caller reads progress from.
+The job never sees the store, nor its URL or password: it runs `python -m rpg_cli.evaluation '<the
+options as JSON, less --db>' '<the targets as JSON>'` from the directory rpg runs in (the local head
+shares this filesystem; a remote cluster needs the same paths), and writes what it scores to the run
+directories (evaluation/pipeline.py); this process, which holds --db, ingests those files as they grow
+and records the metrics once every problem is scored. The targets are what this process resolved
+(run ids, names and sweeps are looked up in the store here). The submission id is a hash of the
+command, so running the same `rpg eval` again while the job lives re-attaches to it instead of
+starting a second one; once it has ended, a new attempt gets `-2`, `-3`, ...
 """
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
+import json
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from rpg_cli.evaluation.options import DB_ENV, EvalOptions
-from rpg_cli.evaluation.pipeline import EvalResult, eval_results, run_eval, scored_count
-from rpg_cli.evaluation.plan import EvalPlan, plan_eval
+from rpg_cli import rundir
+from rpg_cli.evaluation.options import EvalOptions
+from rpg_cli.evaluation.pipeline import (
+    EvalResult,
+    ScoredFeed,
+    eval_results,
+    finish_eval,
+    prepare_target,
+    run_eval,
+    scored_count,
+)
+from rpg_cli.evaluation.plan import Checkpoint, EvalPlan, Sampling, Target, plan_eval
 from rpg_cli.orchestration.head import connect
 from rpg_cli.orchestration.submit import ray_jobs, run_state, shell_command, submit
 from rpg_cli.rundir import last_lines
@@ -63,31 +76,75 @@ def evaluate(
             on_plan(plan)
         if local:
             return run_eval(plan, store, on_progress=lambda p: progress(p.done, p.label))
+        for target in plan.targets:
+            prepare_target(store, target)
         job = submit_eval(
-            options, address, Path(options.runs_dir), num_gpus=default_gpus(plan) if gpus is None else gpus
+            options,
+            address,
+            Path(options.runs_dir),
+            num_gpus=default_gpus(plan) if gpus is None else gpus,
+            targets=plan.targets,
         )
         label = f"Ray job {job.submission_id}" + (" (attached)" if job.attached else "")
         progress(0, label)
-        status, log = follow_eval(job, on_poll=lambda: progress(scored_count(store, plan), label))
+        feed = ScoredFeed()
+
+        def poll() -> None:
+            for target in plan.targets:
+                for checkpoint in target.checkpoints:
+                    for bench in plan.benchmarks:
+                        feed.ingest(store, target, checkpoint.step, bench)
+            progress(scored_count(store, plan), label)
+
+        status, log = follow_eval(job, on_poll=poll)
+        incomplete = finish_eval(store, plan, feed)  # whatever the job's end: what it scored is kept
         if status != "SUCCEEDED":
             raise JobFailed(
                 f"the evaluation job {job.submission_id} ended {status}: "
-                f"{last_lines(log, 3)[-600:] or 'no output'} (`ray job logs {job.submission_id}` has all of it)"
+                f"{last_lines(log, 3)[-600:] or 'no output'} (`ray job logs {job.submission_id}` has all of it; "
+                "the same command resumes)"
+            )
+        if incomplete:
+            target, step, bench = incomplete[0]
+            raise JobFailed(
+                f"the evaluation job {job.submission_id} succeeded, but "
+                f"{rundir.eval_scored_path(target.run_dir, step, bench.name)} lacks problems it scored: the "
+                "cluster must see the runs directory at the same path as this machine (a shared filesystem)"
             )
         return eval_results(store, plan)
     finally:
         store.close()
 
 
-def job_argv(options: EvalOptions) -> list[str]:
-    """The evaluation job's command: the options travel as one JSON argument, all but the database
-    URL (see `job_env`)."""
-    return ["python", "-m", "rpg_cli.evaluation", options.model_dump_json(exclude={"db"})]
+def job_argv(options: EvalOptions, targets: tuple[Target, ...] | None = None) -> list[str]:
+    """The evaluation job's command: the options as one JSON argument, all but the database URL, and
+    the targets this process resolved as another (without them the job resolves paths only)."""
+    argv = ["python", "-m", "rpg_cli.evaluation", options.model_dump_json(exclude={"db"})]
+    return argv if targets is None else [*argv, encode_targets(targets)]
 
 
-def job_env(options: EvalOptions) -> dict[str, str]:
-    """The evaluation job's environment variables: the database URL."""
-    return {DB_ENV: options.db}
+def encode_targets(targets: tuple[Target, ...]) -> str:
+    return json.dumps([_target_fields(t) for t in targets], sort_keys=True, separators=(",", ":"))
+
+
+def _target_fields(target: Target) -> dict:
+    fields = {f.name: getattr(target, f.name) for f in dataclasses.fields(target)}
+    fields["run_dir"] = str(target.run_dir)
+    fields["checkpoints"] = [[c.step, str(c.path)] for c in target.checkpoints]
+    fields["sampling"] = dataclasses.asdict(target.sampling)
+    return fields
+
+
+def decode_targets(text: str) -> list[Target]:
+    """The targets of `encode_targets`; ValueError, KeyError or TypeError when the text is not that."""
+    out = []
+    for fields in json.loads(text):
+        fields = dict(fields)
+        fields["run_dir"] = Path(fields["run_dir"])
+        fields["checkpoints"] = tuple(Checkpoint(int(step), Path(path)) for step, path in fields["checkpoints"])
+        fields["sampling"] = Sampling(**fields["sampling"])
+        out.append(Target(**fields))
+    return out
 
 
 def submit_eval(
@@ -96,12 +153,14 @@ def submit_eval(
     runs_dir: Path = Path("runs"),
     num_cpus: float = 1.0,
     num_gpus: float = 0.0,
+    targets: tuple[Target, ...] | None = None,
 ) -> EvalJob:
-    """Submit the evaluation (or find the identical one that is running); raises ClusterError."""
+    """Submit the evaluation (or find the identical one that is running); raises ClusterError. The
+    job's environment and metadata carry nothing of the store: it writes files only."""
     client = connect(address, runs_dir)
     assert client is not None  # connect starts the local head when needed
-    argv = job_argv(options)
-    base = "rpg-eval-" + hashlib.sha256(f"{shell_command(argv)}\n{options.db}".encode()).hexdigest()[:12]
+    argv = job_argv(options, targets)
+    base = "rpg-eval-" + hashlib.sha256(shell_command(argv).encode()).hexdigest()[:12]
     jobs = ray_jobs(client)
     attempt, submission_id = 1, base
     while submission_id in jobs:
@@ -115,7 +174,6 @@ def submit_eval(
         submission_id,
         num_cpus=num_cpus,
         num_gpus=num_gpus,
-        env=job_env(options),
         metadata={"rpg_eval": options.ref},
     )
     return EvalJob(client, submission_id, attached=False)

@@ -11,9 +11,6 @@ from pydantic import BaseModel, ConfigDict, model_validator
 from rpg_cli.store.url import DEFAULT_DB_URL
 
 DEFAULT_BENCHMARKS = ("aime24", "aime25", "amc23")
-# An evaluation job receives the --db URL (its password) in this environment variable, never on its
-# command line, which `ps` and the job's log show.
-DB_ENV = "RPG_EVAL_DB"
 ENGINES = ("auto", "vllm", "hf")
 
 

@@ -1,12 +1,19 @@
-"""Run an `EvalPlan`: generate, score, store every sample, compute accuracy@k from the stored samples.
+"""Run an `EvalPlan`: generate, score, record every sample, compute accuracy@k from the stored samples.
+
+An evaluation never needs the store's credentials: what it scores goes to files in the run directory,
+and the `rpg` process that holds --db ingests them (store/ingest.py has the format and why nothing is
+lost or counted twice). `run_eval(plan)` without a store is the evaluation job's part (files only);
+with one (`rpg eval --local`) it ingests as it goes; `ScoredFeed` and `finish_eval` are the part of an
+`rpg eval` that follows a job.
 
 Resuming is built in, at the granularity of a problem:
-  - a problem whose k samples are in the store for (run, step, benchmark, scorer, protocol) is not
-    touched again (a problem is its fingerprint, not its place in the file; the protocol is how its
-    samples are drawn: k, temperature, top_p, max tokens, seed);
+  - a problem whose k samples are recorded for (run, step, benchmark, scorer, protocol) in
+    `<run_dir>/eval/step_N/<benchmark>.scored.jsonl` (or, with a store, in the store) is not touched
+    again (a problem is its fingerprint, not its place in the file; the protocol is how its samples
+    are drawn: k, temperature, top_p, max tokens, seed);
   - responses are kept in `<run_dir>/eval/step_N/<benchmark>.jsonl` (one line per problem, with the
     sampling settings), so scoring the same checkpoint with another scorer, or after an interruption
-    between generating and storing, reuses them instead of generating again.
+    between generating and scoring, reuses them instead of generating again.
 The run's metrics.jsonl is ingested first: the store copies the validation scores it logged itself.
 The metrics are always recomputed from the stored samples (the first k of each problem), never
 carried in memory, so what the store says can be checked against what it holds.
@@ -15,6 +22,7 @@ carried in memory, so what the store says can be checked against what it holds.
 from __future__ import annotations
 
 import json
+import logging
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -26,12 +34,22 @@ from rpg_cli.evaluation.metrics import maj_at_k, mean_at_k, pass_at_k_curve, std
 from rpg_cli.evaluation.plan import PLAIN_SWEEP, Benchmark, EvalPlan, Sampling, Target
 from rpg_cli.orchestration.plan import RunPlan
 from rpg_cli.rewards import score_batch, scorer_version
+from rpg_cli.store.ingest import (
+    SAMPLE_PROTOCOL,
+    Cursor,
+    parse_lines,
+    parse_sample_line,
+    read_new,
+    sample_line,
+    sample_rows,
+)
 
 if TYPE_CHECKING:
     from rpg_cli.evaluation.generation import Generator
     from rpg_cli.store import Store
 
 METRICS = ("mean@k", "pass@k", "maj@k", "std@k")
+_log = logging.getLogger("rpg_cli.evaluation")
 
 
 @dataclass(frozen=True)
@@ -54,11 +72,13 @@ class EvalResult:
 
 def run_eval(
     plan: EvalPlan,
-    store: Store,
+    store: Store | None = None,
     on_progress: Callable[[EvalProgress], None] | None = None,
     make_generator: Callable[[Path, str], Generator] | None = None,
 ) -> list[EvalResult]:
-    """Evaluate every checkpoint of the plan on every benchmark; returns the stored results.
+    """Evaluate every checkpoint of the plan on every benchmark, recording the scored samples in the
+    run directories. With `store`, ingest them as they come and return what the store holds; without
+    (an evaluation job), return the results the files hold.
 
     `make_generator(model_dir, engine)` loads a model (default: `generation.load_generator`); it is
     called only for checkpoints that still have problems to generate.
@@ -66,10 +86,11 @@ def run_eval(
     make_generator = make_generator or load_generator
     engine = pick_engine(plan.options.engine)
     counts = {"done": 0, "generated": 0}
+    feed = ScoredFeed()
 
     for target in plan.targets:
-        register_target(store, target)
-        store.ingest_metrics(target.run_id, target.metrics_path)  # with it, its own validation scores
+        if store is not None:
+            prepare_target(store, target)
         for checkpoint in target.checkpoints:
             generator = _LazyGenerator(make_generator, checkpoint.path, engine)
             try:
@@ -82,6 +103,10 @@ def run_eval(
                         if on_progress is not None:
                             on_progress(EvalProgress(counts["done"], plan.total_samples, label, counts["generated"]))
 
+                    def ingest(target: Target = target, step: int = checkpoint.step, bench: Benchmark = bench) -> None:
+                        if store is not None:
+                            feed.ingest(store, target, step, bench)
+
                     scorer = plan.scorer_for(target, bench)
                     _evaluate_benchmark(
                         store,
@@ -92,12 +117,21 @@ def run_eval(
                         generator,
                         problems_per_call(engine, target.sampling.k),
                         advance,
+                        ingest,
                     )
-                    version = scorer_version(scorer)
-                    record_metrics(store, target.run_id, checkpoint.step, bench, scorer, version, target.sampling)
+                    if store is not None:
+                        version = feed.version(target, checkpoint.step, bench, scorer)
+                        record_metrics(store, target.run_id, checkpoint.step, bench, scorer, version, target.sampling)
             finally:
                 generator.close()
-    return eval_results(store, plan)
+    return eval_results(store, plan) if store is not None else file_results(plan)
+
+
+def prepare_target(store: Store, target: Target) -> None:
+    """What the store needs of a run before its scored samples: its row, and the validation scores its
+    own metrics.jsonl logged."""
+    register_target(store, target)
+    store.ingest_metrics(target.run_id, target.metrics_path)
 
 
 class _LazyGenerator:
@@ -124,7 +158,7 @@ class _LazyGenerator:
 
 
 def _evaluate_benchmark(
-    store: Store,
+    store: Store | None,
     target: Target,
     step: int,
     bench: Benchmark,
@@ -132,14 +166,21 @@ def _evaluate_benchmark(
     generator: _LazyGenerator,
     per_call: int,
     advance: Callable[..., None],
+    ingest: Callable[[], None],
 ) -> None:
-    """Score (generating where needed) every problem of `bench` that the store lacks, `per_call` at a time."""
+    """Score (generating where needed) every problem of `bench` not recorded yet, `per_call` at a time;
+    `ingest()` after each batch (into the store, when this process holds one)."""
     sampling = target.sampling
-    scored = store.stored_samples(target.run_id, step, bench.name, scorer, sampling.protocol)
+    scored_file = ScoredFile(rundir.eval_scored_path(target.run_dir, step, bench.name), scorer, sampling)
+    scored = set(scored_file.load())
+    if store is not None:
+        ingest()  # what an earlier attempt recorded (a killed job) is in the store before it counts
+        scored |= set(store.stored_samples(target.run_id, step, bench.name, scorer, sampling.protocol))
     todo = [p for p, problem in enumerate(bench.problems) if problem.key not in scored]
     advance((len(bench.problems) - len(todo)) * sampling.k)
     if not todo:
         return
+    version = scorer_version(scorer)
     cache = ResponseCache(rundir.eval_cache_path(target.run_dir, step, bench.name), sampling)
     cached = cache.load()
     for start in range(0, len(todo), per_call):
@@ -150,44 +191,148 @@ def _evaluate_benchmark(
             for problem, responses in zip(missing, generator.generate(missing, seeds, sampling)):
                 cache.append(problem.key, responses)
                 cached[problem.key] = responses
-        _score_and_store(store, target, step, bench, batch, cached, scorer, sampling)
+        _score_and_record(scored_file, bench, batch, cached, version)
+        ingest()
         advance(len(batch) * sampling.k, len(missing) * sampling.k)
 
 
-def _score_and_store(
-    store: Store,
-    target: Target,
-    step: int,
+def _score_and_record(
+    scored_file: ScoredFile,
     bench: Benchmark,
     batch: Sequence[int],
     cached: dict[str, list[Response]],
-    scorer: str,
-    sampling: Sampling,
+    version: str,
 ) -> None:
-    texts, truths, where = [], [], []
+    k = scored_file.sampling.k
+    texts, truths = [], []
     for p in batch:
         problem = bench.problems[p]
-        for j, response in enumerate(cached[problem.key][: sampling.k]):
+        for response in cached[problem.key][:k]:
             texts.append(response.text)
             truths.append(problem.ground_truth)
-            where.append((problem.key, p, j, response.length))
-    verdicts = score_batch(texts, truths, scorer)
-    store.record_samples(
-        {
-            "run_id": target.run_id,
-            "step": step,
-            "benchmark": bench.name,
-            "problem": key,
-            "sample_index": j,
-            "scorer": scorer,
-            **sampling.protocol,
-            "position": p,
-            "extracted": verdict["pred"],
-            "correct": bool(verdict["acc"]),
-            "response_length": length,
-        }
-        for (key, p, j, length), verdict in zip(where, verdicts)
-    )
+    verdicts = score_batch(texts, truths, scored_file.scorer)
+    for i, p in enumerate(batch):
+        responses = cached[bench.problems[p].key][:k]
+        mine = verdicts[i * k : (i + 1) * k]
+        scored_file.append(
+            bench.problems[p].key, p, version, [(v["pred"], bool(v["acc"]), r.length) for v, r in zip(mine, responses)]
+        )
+
+
+# ------------------------------------------------------------------------------------- scored samples
+
+
+class ScoredFile:
+    """One (run, step, benchmark)'s scored-samples file (store/ingest.py): appended one problem a line,
+    read back for the problems recorded under one scorer and protocol."""
+
+    def __init__(self, path: Path, scorer: str, sampling: Sampling):
+        self.path, self.scorer, self.sampling = Path(path), scorer, sampling
+
+    def load(self) -> dict[str, list[tuple[str | None, bool]]]:
+        """Problems recorded with all k samples under this scorer and protocol: problem -> [(extracted,
+        correct)] (a problem recorded twice: its last line)."""
+        data = rundir.read_owned(self.path)
+        if data is None:
+            return {}
+        found: dict[str, list[tuple[str | None, bool]]] = {}
+        protocol = self.sampling.protocol
+        for line in parse_lines(data, parse_sample_line).events:
+            if line["scorer"] == self.scorer and all(line["protocol"][n] == protocol[n] for n in SAMPLE_PROTOCOL):
+                found[line["problem"]] = [(s.get("extracted"), s["correct"]) for s in line["samples"]]
+        return found
+
+    def append(self, problem: str, position: int, version: str, samples: list[tuple[str | None, bool, int]]) -> None:
+        run_dir = rundir.make_run_dir(self.path.parent.parent.parent)
+        rundir.make_dirs(self.path.parent.absolute(), run_dir)
+        line = sample_line(problem, position, self.scorer, version, self.sampling.protocol, samples)
+        rundir.append_line(self.path, line)
+
+
+class ScoredFeed:
+    """Ingests scored-samples files into a store as they grow: only the new lines of a file it read
+    before (its cursor), all of a file that is new to it or was replaced or rewritten. Keeps the scorer
+    version each (run, step, benchmark, scorer, protocol) was scored with, as the evaluation said."""
+
+    def __init__(self) -> None:
+        self.cursors: dict[Path, Cursor] = {}
+        self.versions: dict[tuple, str] = {}
+
+    def ingest(self, store: Store, target: Target, step: int, bench: Benchmark) -> int:
+        """Record what is new in the file of (target, step, bench); returns the samples read."""
+        path = rundir.eval_scored_path(target.run_dir, step, bench.name)
+        try:
+            parsed, cursor = read_new(path, self.cursors.get(path), parse_sample_line)
+        except FileNotFoundError:
+            return 0
+        rows: dict[tuple, dict[str, Any]] = {}  # by primary key: a problem recorded twice, its last line
+        for line in parsed.events:
+            for row in sample_rows(target.run_id, step, bench.name, line):
+                rows[(row["problem"], row["sample_index"], row["scorer"], *(row[n] for n in SAMPLE_PROTOCOL))] = row
+            key = self._key(target, step, bench, line["scorer"], line["protocol"])
+            self.versions[key] = str(line.get("scorer_version") or "")
+        store.record_samples(rows.values())
+        for index, why in parsed.bad:
+            _log.warning("%s line %d: %s; skipped", path, cursor.lines - parsed.lines + index + 1, why)
+        self.cursors[path] = cursor
+        return len(rows)
+
+    def version(self, target: Target, step: int, bench: Benchmark, scorer: str) -> str:
+        """The scorer version the evaluation recorded for (target, step, bench, scorer), else this one's."""
+        return self.versions.get(self._key(target, step, bench, scorer, target.sampling.protocol)) or scorer_version(
+            scorer
+        )
+
+    @staticmethod
+    def _key(target: Target, step: int, bench: Benchmark, scorer: str, protocol: dict[str, Any]) -> tuple:
+        return (target.run_id, step, bench.name, scorer, *(protocol[n] for n in SAMPLE_PROTOCOL))
+
+
+def finish_eval(store: Store, plan: EvalPlan, feed: ScoredFeed) -> list[tuple[Target, int, Benchmark]]:
+    """After an evaluation job: ingest what its files hold, then record the metrics of every checkpoint
+    and benchmark whose problems are all scored. Returns those that are not (nothing recorded for them)."""
+    incomplete = []
+    for target in plan.targets:
+        for checkpoint in target.checkpoints:
+            for bench in plan.benchmarks:
+                scorer = plan.scorer_for(target, bench)
+                feed.ingest(store, target, checkpoint.step, bench)
+                stored = store.stored_samples(
+                    target.run_id, checkpoint.step, bench.name, scorer, target.sampling.protocol
+                )
+                if any(problem.key not in stored for problem in bench.problems):
+                    incomplete.append((target, checkpoint.step, bench))
+                    continue
+                version = feed.version(target, checkpoint.step, bench, scorer)
+                record_metrics(store, target.run_id, checkpoint.step, bench, scorer, version, target.sampling)
+    return incomplete
+
+
+def file_results(plan: EvalPlan) -> list[EvalResult]:
+    """The results the scored-samples files hold for the plan (an evaluation job's own summary)."""
+    out = []
+    for target in plan.targets:
+        n = target.sampling.k
+        for checkpoint in target.checkpoints:
+            for bench in plan.benchmarks:
+                scorer = plan.scorer_for(target, bench)
+                path = rundir.eval_scored_path(target.run_dir, checkpoint.step, bench.name)
+                found = ScoredFile(path, scorer, target.sampling).load()
+                if all(problem.key in found for problem in bench.problems):
+                    rows = compute_metrics([found[problem.key] for problem in bench.problems])
+                    out.append(EvalResult(target.name, checkpoint.step, bench.name, n, scorer, _values(rows, n)))
+    return out
+
+
+def _values(rows: Sequence[tuple[str, int, float | None]], n: int) -> dict[str, float | None]:
+    """(metric, k, value) rows as an EvalResult's values: pass@1 .. pass@n, and mean/maj/std at k = n."""
+    values: dict[str, float | None] = {}
+    for metric, k, value in rows:
+        if metric == "pass@k" and k <= n:
+            values[f"pass@{k}"] = value
+        elif metric != "pass@k" and k == n:
+            values[metric] = value
+    return values
 
 
 # ------------------------------------------------------------------------------------------ metrics
@@ -236,15 +381,13 @@ def eval_results(store: Store, plan: EvalPlan) -> list[EvalResult]:
         n = target.sampling.k
         for checkpoint in target.checkpoints:
             for bench in plan.benchmarks:
-                values: dict[str, float | None] = {}
                 scorer = plan.scorer_for(target, bench)
-                for metric, k, value in store.eval_values(
-                    target.run_id, checkpoint.step, bench.name, scorer, METRICS, target.sampling.protocol
-                ):
-                    if metric == "pass@k" and k <= n:
-                        values[f"pass@{k}"] = value
-                    elif metric != "pass@k" and k == n:
-                        values[metric] = value
+                values = _values(
+                    store.eval_values(
+                        target.run_id, checkpoint.step, bench.name, scorer, METRICS, target.sampling.protocol
+                    ),
+                    n,
+                )
                 if "mean@k" in values:
                     out.append(EvalResult(target.name, checkpoint.step, bench.name, n, scorer, values))
     return out
@@ -297,11 +440,10 @@ class ResponseCache:
 
     def load(self) -> dict[str, list[Response]]:
         found: dict[str, list[Response]] = {}
-        try:
-            lines = self.path.read_text(encoding="utf-8").splitlines()
-        except FileNotFoundError:
+        data = rundir.read_owned(self.path)
+        if data is None:
             return found
-        for line in lines:
+        for line in data.decode("utf-8", errors="replace").splitlines():
             try:
                 record: dict[str, Any] = json.loads(line)
                 if record["sampling"] != self.settings or len(record["responses"]) < self.k:
@@ -312,7 +454,8 @@ class ResponseCache:
         return found
 
     def append(self, problem_key: str, responses: Sequence[Response]) -> None:
-        self.path.parent.mkdir(parents=True, exist_ok=True)
+        run_dir = rundir.make_run_dir(self.path.parent.parent.parent)
+        rundir.make_dirs(self.path.parent.absolute(), run_dir)
         line = json.dumps(
             {
                 "problem": problem_key,
@@ -321,6 +464,4 @@ class ResponseCache:
             },
             ensure_ascii=False,
         )
-        with self.path.open("a+b") as f:
-            torn = f.tell() > 0 and f.seek(-1, 2) is not None and f.read(1) != b"\n"  # a crash cut the last line
-            f.write((b"\n" if torn else b"") + line.encode("utf-8") + b"\n")
+        rundir.append_line(self.path, line)

@@ -124,9 +124,10 @@ class EvalPlan:
 # ------------------------------------------------------------------------------------------ planning
 
 
-def plan_eval(options: EvalOptions) -> EvalPlan:
-    """Resolve and check everything `options` names; raises EvalError (one line) on bad input."""
-    targets, skipped = _resolve_targets(options)
+def plan_eval(options: EvalOptions, resolved: list[Target] | None = None) -> EvalPlan:
+    """Resolve and check everything `options` names; raises EvalError (one line) on bad input. With
+    `resolved` (an evaluation job: the targets `rpg eval` resolved), nothing is looked up in the store."""
+    targets, skipped = (list(resolved), []) if resolved is not None else _resolve_targets(options)
     benchmarks = tuple(
         b for name in dict.fromkeys(options.benchmarks) for b in load_benchmark(name, Path(options.data_dir))
     )

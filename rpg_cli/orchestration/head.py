@@ -34,6 +34,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from rpg_cli.rundir import last_lines, write_atomic
+from rpg_cli.store.url import DB_ENVVAR
 
 if TYPE_CHECKING:
     from ray.job_submission import JobSubmissionClient
@@ -66,6 +67,20 @@ class Head:
         if not token:
             raise ClusterError(f"{self.token_file} is missing or empty; stop the head (rpg stop --force) and run again")
         return {"Authorization": f"Bearer {token.strip()}"}
+
+
+ENV_NAMES_FILE = "env_names.json"
+
+
+def head_env_names(runs_dir: Path = DEFAULT_RUNS_DIR) -> set[str] | None:
+    """The names of the environment variables the local head of `runs_dir` started with (its jobs get
+    that environment); None when unknown (no head, or one started by an older rpg)."""
+    try:
+        text = read_private(_head_dir(runs_dir) / ENV_NAMES_FILE)
+        names = json.loads(text) if text else None
+    except (ClusterError, ValueError):
+        return None
+    return {str(n) for n in names} if isinstance(names, list) else None
 
 
 def _head_dir(runs_dir: Path) -> Path:
@@ -251,8 +266,12 @@ def _start_head(head_dir: Path, num_cpus: int | None, num_gpus: int | None, time
         "RAY_AUTH_MODE": "token",
         "RAY_AUTH_TOKEN_PATH": str(token_file),
     }
-    for var in ("RAY_ADDRESS", "RAY_API_SERVER_ADDRESS", "RAY_AUTH_TOKEN"):
+    # Nor the store's URL: a job never needs it (evaluation/job.py), and it may hold a password.
+    for var in ("RAY_ADDRESS", "RAY_API_SERVER_ADDRESS", "RAY_AUTH_TOKEN", DB_ENVVAR):
         env.pop(var, None)
+    # Which variables its jobs will find (names, never values): a credential exported after the head
+    # started never reaches a job, and rpg never passes one (trackers.credentials_missing_on_head).
+    write_atomic(head_dir / ENV_NAMES_FILE, json.dumps(sorted(env)), mode=0o600)
     log = head_dir / "start.log"
     with open(log, "w") as out:
         proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=env, start_new_session=True)

@@ -10,6 +10,7 @@ lost ones, and retries failed or stopped ones only when asked (rpg_cli/states.py
 from __future__ import annotations
 
 import contextlib
+import os
 import time
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
@@ -17,7 +18,14 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from rpg_cli import rundir
-from rpg_cli.orchestration.head import DEFAULT_RUNS_DIR, ClusterError, connect, one_line, stop_local_head
+from rpg_cli.orchestration.head import (
+    DEFAULT_RUNS_DIR,
+    ClusterError,
+    connect,
+    head_env_names,
+    one_line,
+    stop_local_head,
+)
 from rpg_cli.orchestration.plan import RunPlan, check_plans, failure_reason, launcher, refuse_bad_inputs, rehome
 from rpg_cli.orchestration.submit import from_ms, killed_by, ray_jobs, run_state, submit, tail_logs
 from rpg_cli.states import ATTACH, DONE, LIVE, SKIP, STATUSES, TERMINAL, run_action
@@ -108,25 +116,37 @@ def run_sweep(
     # row or job; an unreachable cluster writes nothing.
     refuse_bad_inputs(check_plans(plans, states, retry_failed), len(plans))
     client = connect(address, runs_dir)
+    if not (address or os.environ.get("RAY_ADDRESS")):  # rpg's local head: its jobs get its environment
+        _check_head_credentials(plans, states, runs_dir)
     _check_install(plans, states)
     store = open_store(db_url)
     try:
         homes = store.record_plans(plans, sweep_name)  # a run another sweep created keeps its directory
         plans = [p if Path(p.run_dir).resolve() == homes[p.id] else rehome(p, homes[p.id]) for p in plans]
+        for plan in plans:  # a shared runs/: no planted link or someone else's directory is written into
+            rundir.make_run_dir(plan.run_dir)
         ids = [p.id for p in plans]
         try:
+            # a database server that restarts is waited for (a while): each step below is safe to repeat
             jobs = ray_jobs(client)
             for plan in plans:
-                _launch(client, store, plan, jobs, retry_failed)
+                store.riding_out(lambda plan=plan: _launch(client, store, plan, jobs, retry_failed))
             while True:
-                snapshot = progress(store, sweep_name, ids)
+                snapshot = store.riding_out(lambda: progress(store, sweep_name, ids))
                 if on_update is not None:
                     on_update(snapshot)
                 if detach or snapshot.finished:
                     return snapshot
                 time.sleep(poll_s)
-                _poll(client, store, ids)
+                store.riding_out(lambda: _poll(client, store, ids))
+        except StoreError as exc:
+            raise StoreError(
+                f"{exc}; the jobs keep running and every state recorded is kept: run the same `rpg sweep` "
+                "command again to re-attach"
+            ) from None
         except OSError as exc:  # requests' connection errors: the cluster went away
+            if isinstance(exc, rundir.UnsafePathError):
+                raise
             raise ClusterError(
                 f"lost the Ray cluster ({one_line(exc)}); every state is in the store: run the sweep again to re-attach"
             ) from None
@@ -134,14 +154,26 @@ def run_sweep(
         store.close()
 
 
+def _check_head_credentials(plans: list[RunPlan], states: dict[str, str], runs_dir: Path) -> None:
+    """The trackers' preflight on the local head: a credential exported after it started (rpg stop fixes it)."""
+    from rpg_cli.spec import ExperimentSpec
+    from rpg_cli.trackers import credentials_missing_on_head
+
+    specs = [ExperimentSpec.model_validate(p.spec) for p in plans if states.get(p.id) != "succeeded"]
+    if specs and (line := credentials_missing_on_head(specs, head_env_names(runs_dir))):
+        raise ClusterError(line)
+
+
 def _check_install(plans: list[RunPlan], states: dict[str, str]) -> None:
-    """Each backend's check of its installation before anything is submitted (verl: its plugin loads
-    in a fresh interpreter), for the backends of runs that are not done yet."""
-    for backend in dict.fromkeys(p.backend for p in plans if states.get(p.id) != "succeeded"):
+    """Each backend's check of its installation and of the runs' commands before anything is submitted
+    (verl: its plugin loads in a fresh interpreter and its config takes each run's overrides), for the
+    runs that are not done yet."""
+    todo = [p for p in plans if states.get(p.id) != "succeeded"]
+    for backend in dict.fromkeys(p.backend for p in todo):
         check = getattr(launcher(backend), "check_install", None)
         if check is not None:
             try:
-                check()
+                check({p.name: p.entrypoint for p in todo if p.backend == backend})
             except RuntimeError as exc:
                 raise ClusterError(str(exc)) from None
 
@@ -196,6 +228,11 @@ def _poll(client: JobSubmissionClient, store: Store, run_ids: list[str]) -> None
             store.set_status(run.id, "failed", error="the job is unknown to the Ray cluster (was the head restarted?)")
         elif _sync(client, store, run, job) in LIVE:
             store.ingest_metrics(run.id, run.metrics_path)
+            if why := store.divergence(run.id):  # a NaN loss trains nothing more: stop paying for it
+                with contextlib.suppress(RuntimeError):
+                    client.stop_job(run.submission_id)
+                _save_log(client, run)
+                store.set_status(run.id, "failed", error=why, unless_terminal=True)
 
 
 def _sync(
@@ -216,6 +253,8 @@ def _sync(
             error = killed_by(job) or (
                 failure_reason(run.backend, log[-20_000:]) if log.strip() else (job.message or f"job {status}")
             )
+        if status == "succeeded" and (why := store.divergence(run.id)):  # verl exits 0 through a NaN loss
+            status, error = "failed", why
         store.set_status(run.id, status, error=error, at=from_ms(job.end_time), started_at=started)
     else:
         store.set_status(run.id, status, at=started if status == "running" else None)
@@ -227,7 +266,7 @@ def _save_log(client: JobSubmissionClient, run: RunRecord) -> str:
     log = ""
     with contextlib.suppress(RuntimeError, OSError):
         log = client.get_job_logs(run.submission_id)
-        rundir.write_atomic(rundir.job_log_path(run.run_dir), log)
+        rundir.write_run_file(rundir.job_log_path(run.run_dir), log)
     return log
 
 

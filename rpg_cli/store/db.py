@@ -9,11 +9,14 @@ without losing rows or failing on lock upgrades. Opening migrates an older datab
 from __future__ import annotations
 
 import contextlib
+import errno
 import json
 import logging
 import os
 import sqlite3
-from collections.abc import Iterable, Iterator, Mapping
+import stat
+import time
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
@@ -48,6 +51,8 @@ from rpg_cli.store.url import (
 )
 
 ERROR_TAIL_CHARS = 2000
+OUTAGE_PATIENCE_S = 120.0  # how long a watcher waits for a database server that stopped answering (a restart)
+_DISK_FULL = ("database or disk is full", "No space left on device", "disk quota exceeded")
 _log = logging.getLogger("rpg_cli.store")
 
 
@@ -81,6 +86,7 @@ class RunRecord:
     started_at: datetime | None
     finished_at: datetime | None
     error: str | None
+    running_at: datetime | None = None  # when rpg first saw the job running (started_at: when Ray took it)
 
     @property
     def metrics_path(self) -> Path:
@@ -102,6 +108,28 @@ class Store(Queries):
 
     def close(self) -> None:
         self.engine.dispose()
+
+    def riding_out(self, work: Callable[[], Any], patience_s: float = OUTAGE_PATIENCE_S) -> Any:
+        """`work()`, called again while the database server does not answer (a restart), for up to
+        `patience_s`; then a StoreError. Only for work that is safe to repeat: each of its writes is a
+        transaction of its own that leaves the store consistent (a watcher's poll)."""
+        deadline = None
+        while True:
+            try:
+                return work()
+            except sa.exc.DBAPIError as exc:
+                if self.engine.dialect.name == "sqlite" or not (
+                    exc.connection_invalidated or isinstance(exc, (sa.exc.OperationalError, sa.exc.InterfaceError))
+                ):
+                    raise
+                deadline = deadline or time.monotonic() + patience_s
+                if time.monotonic() > deadline:
+                    raise StoreError(
+                        f"the results database {display_url(str(self.engine.url))} did not answer for "
+                        f"{patience_s:g} s ({_reason(exc)})"
+                    ) from None
+                self.engine.dispose()  # the pooled connections were to the server that went away
+                time.sleep(1.0)
 
     # -- runs ---------------------------------------------------------------------------------
 
@@ -199,7 +227,8 @@ class Store(Queries):
         Returns whether the run moved.
 
         Stamps started_at (once; `started_at` if given, else `at`) on running or a terminal state,
-        and finished_at on a terminal state.
+        running_at (once: now, when rpg sees the job out of Ray's queue) on running, and finished_at on
+        a terminal state.
         """
         if status not in STATUSES:
             raise ValueError(f"unknown run status {status!r}; expected one of {', '.join(STATUSES)}")
@@ -212,6 +241,8 @@ class Store(Queries):
         when = at or _now()
         if status in ("running", *TERMINAL):
             values["started_at"] = sa.func.coalesce(c.started_at, started_at or when)
+        if status == "running":
+            values["running_at"] = sa.func.coalesce(c.running_at, _now())
         if status in TERMINAL:
             values["finished_at"] = when
         which = c.id == run_id
@@ -247,6 +278,7 @@ class Store(Queries):
                     status="pending",
                     error=None,
                     started_at=None,
+                    running_at=None,
                     finished_at=None,
                 )
             )
@@ -267,7 +299,7 @@ class Store(Queries):
         state it started from, else reads again. Corrupt lines: a warning with the file's line
         number, once, and skipped.
         """
-        path = Path(path).resolve()
+        path = Path(path).parent.resolve() / Path(path).name  # the file itself: never a link followed
         for _ in range(20):
             done = self._ingest_once(run_id, path)
             if done is not None:
@@ -280,9 +312,11 @@ class Store(Queries):
         with self.engine.connect() as conn:
             state = conn.execute(sa.select(mf).where(mf.c.run_id == run_id)).mappings().first()
         try:
-            f = open(path, "rb")  # noqa: SIM115 (closed by the with below)
-        except FileNotFoundError:
-            return 0
+            f = os.fdopen(rundir.open_owned(path), "rb")  # a shared runs/: the user's own file, no link
+        except OSError as exc:  # no file, or a path that cannot hold one (a name too long: nothing was written)
+            if exc.errno in (errno.ENOENT, errno.ENOTDIR, errno.ENAMETOOLONG):
+                return 0
+            raise
         with f:
             stat = os.fstat(f.fileno())
             start, lines_before = 0, 0
@@ -397,6 +431,28 @@ class Store(Queries):
                 out.setdefault(run_id, {})[key] = (step, value)
         return out
 
+    def divergence(self, run_id: str) -> str | None:
+        """Why the run failed if it logged its loss or gradient norm non-finite (the first such step), else
+        None. verl trains on through a NaN loss and exits 0: this is how such a run is marked failed."""
+        m = self.t.metrics.c
+        big = 1.7976931348623157e308  # the largest finite double: +-inf lie beyond it, NaN is kept as NULL
+        query = (
+            sa.select(m.step, m.key, m.value)
+            .where(
+                m.run_id == run_id,
+                m.key.in_(rundir.DIVERGED_KEYS),
+                sa.or_(m.value.is_(None), m.value > big, m.value < -big),
+            )
+            .order_by(m.step, m.key)
+            .limit(1)
+        )
+        with self.engine.connect() as conn:
+            row = conn.execute(query).first()
+        if row is None:
+            return None
+        step, key, value = row
+        return rundir.diverged(step, f"{key} is {'nan' if value is None else value}")
+
     def last_steps(self, run_ids: Iterable[str]) -> dict[str, int]:
         """The last step ingested for each run (from the ingestion bookkeeping: no metrics scan)."""
         mf = self.t.metric_files.c
@@ -428,6 +484,11 @@ class Store(Queries):
                 raise StoreError(
                     f"the results database {display_url(str(self.engine.url))} is read-only; "
                     "make it (and its directory) writable, or pass --db URL"
+                ) from None
+            if any(full.lower() in str(exc).lower() for full in _DISK_FULL):
+                raise StoreError(
+                    f"the results database {display_url(str(self.engine.url))} cannot grow: its disk is full "
+                    f"({_reason(exc)}); free space and run the same command again (what was recorded is kept)"
                 ) from None
             raise
 
@@ -539,6 +600,11 @@ def open_store(db_url: str = DEFAULT_DB_URL, create: bool = True) -> Store:
     read_only = False
     if path:
         file = Path(path)
+        _check_sqlite_files(path, create)
+        if file.is_dir():
+            raise StoreError(f"{path} is a directory, not a results database; pass --db FILE (e.g. {path}/results.db)")
+        if not create and not file.parent.is_dir() and normalize_url(db_url) != DEFAULT_DB_URL:
+            raise StoreError(f"no directory {file.parent} for the results database {path}; check --db")
         if not create and not file.is_file():
             raise NoStoreError(f"no results database at {path}; run `rpg sweep SPEC` first, or pass --db URL")
         if create:
@@ -584,6 +650,22 @@ def open_store(db_url: str = DEFAULT_DB_URL, create: bool = True) -> Store:
     return store
 
 
+def _check_sqlite_files(path: str, create: bool) -> None:
+    """The database file and SQLite's own beside it under rundir.py's rule for a shared runs/: never a
+    link (a database created or written at a planted path); to write, the user's own and nobody else's
+    to write. Reading someone else's file is fine."""
+    for part in (path, f"{path}-wal", f"{path}-shm", f"{path}-journal"):
+        try:
+            info = os.lstat(part)
+        except OSError:
+            continue
+        try:
+            if create or stat.S_ISLNK(info.st_mode):
+                rundir.check_owned(part, info)
+        except rundir.UnsafePathError as exc:
+            raise StoreError(f"the results database: {rundir.os_error_line(exc)}") from None
+
+
 def _engine(url: str, shown: str, path: str | None, read_only: bool) -> sa.Engine:
     """The engine for `url`: a driver that is installed, SQLite read-only when the file cannot be written."""
     if path is not None:
@@ -603,7 +685,7 @@ def _engine(url: str, shown: str, path: str | None, read_only: bool) -> sa.Engin
         scheme = next((f"postgresql+{d}" for d in ("psycopg", "psycopg2") if _importable(d)), "postgresql")
         url = f"{scheme if scheme != 'postgres' else 'postgresql'}://{url.split('://', 1)[1]}"
     try:
-        return sa.create_engine(url)
+        return sa.create_engine(url, pool_pre_ping=True)  # a pooled connection to a restarted server is replaced
     except sa.exc.NoSuchModuleError:
         raise StoreError(
             f"unknown database URL scheme {scheme!r} in --db {shown}; use sqlite:///FILE (or a file path) "
@@ -612,6 +694,11 @@ def _engine(url: str, shown: str, path: str | None, read_only: bool) -> sa.Engin
     except sa.exc.ArgumentError as exc:
         raise StoreError(
             f"--db {shown} is not a database URL ({exc}); use sqlite:///FILE or postgresql://..."
+        ) from None
+    except ValueError:  # e.g. a port that is not a number: the text would quote part of the password
+        raise StoreError(
+            f"--db {shown} is not a valid database URL; percent-encode the special characters of the "
+            "password (@ is %40, : is %3A, / is %2F)"
         ) from None
     except ImportError as exc:
         driver = exc.name or str(exc)
@@ -633,9 +720,15 @@ def _importable(module: str) -> bool:
         return False
 
 
+def _reason(exc: sa.exc.DBAPIError) -> str:
+    """The driver's first line about `exc` (SQLAlchemy's own message adds the statement and a link)."""
+    lines = str(exc.orig).strip().splitlines() if exc.orig is not None else []
+    return lines[0] if lines else type(exc.orig or exc).__name__
+
+
 def _unusable(exc: sa.exc.DBAPIError, path: str | None, shown: str) -> str:
     """One line for a database that would not open."""
-    reason = str(exc.orig).strip().splitlines()[0] if exc.orig is not None else type(exc).__name__
+    reason = _reason(exc)
     if path is not None:
         if "not a database" in reason or "malformed" in reason:
             return (

@@ -30,9 +30,12 @@ import json
 import os
 import re
 from collections import defaultdict
+from collections.abc import Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, BinaryIO
 
+from rpg_cli import rundir
 from rpg_cli.benchmarks import benchmark_name
 from rpg_cli.rundir import RESTART_KEY
 
@@ -83,19 +86,25 @@ def parse_metric_lines(chunk: bytes) -> Parsed:
     mid-line leaves invalid JSON there, which is left for the next ingestion. Blank lines are skipped;
     other complete lines that are neither records nor restarts are skipped and listed in `bad`.
     """
+    return parse_lines(chunk, _parse_line)
+
+
+def parse_lines(chunk: bytes, parse_line: Callable[[bytes], Any]) -> Parsed:
+    """`parse_metric_lines` for any JSONL file rpg ingests: `parse_line` returns the event, or (a str)
+    why the line is not one."""
     lines = chunk.split(b"\n")
     tail = lines.pop()
     out = Parsed()
     for index, line in enumerate(lines):
         out.consumed += len(line) + 1
         if line.strip():
-            parsed = _parse_line(line)
+            parsed = parse_line(line)
             if isinstance(parsed, str):
                 out.bad.append((index, parsed))
             else:
                 out.events.append(parsed)
     out.lines = len(lines)
-    if tail.strip() and not isinstance(parsed_tail := _parse_line(tail), str):
+    if tail.strip() and not isinstance(parsed_tail := parse_line(tail), str):
         out.events.append(parsed_tail)
         out.consumed += len(tail)
         out.lines += 1
@@ -178,3 +187,116 @@ def metrics_view(text: str) -> dict[int, dict[str, Any]]:
         for step, data in records:
             view.setdefault(step, {}).update(data)
     return dict(sorted(view.items()))
+
+
+# ------------------------------------------------------------------------------ scored samples (rpg eval)
+#
+# An evaluation (a Ray job, or `rpg eval --local`) never writes to the store: it appends what it scores
+# to <run_dir>/eval/step_N/<benchmark>.scored.jsonl, one line per problem with all its samples:
+#
+#     {"problem": KEY, "position": P, "scorer": S, "scorer_version": V,
+#      "protocol": {"n": K, "temperature": T, "top_p": P, "max_tokens": M, "seed": S},
+#      "samples": [{"extracted": "42" | null, "correct": true, "length": 17}, ... K of them]}
+#
+# and the `rpg` process that holds --db ingests the file (`SampleFiles`). A problem is one line, so a
+# killed evaluation leaves whole problems or a torn last line (skipped; the writer ends it before its
+# next line); a sample's identity in the store is its primary key (run, step, benchmark, problem,
+# index, scorer, protocol), so reading a line twice, or a file again from its start, counts nothing
+# twice, and a problem scored again later (a later line) wins.
+
+SAMPLE_PROTOCOL = ("n", "temperature", "top_p", "max_tokens", "seed")
+
+
+def sample_line(
+    problem: str, position: int, scorer: str, version: str, protocol: dict[str, Any], samples: list[tuple]
+) -> str:
+    """The line of one scored problem; `samples`: (extracted, correct, response length) in sample order."""
+    return json.dumps(
+        {
+            "problem": problem,
+            "position": position,
+            "scorer": scorer,
+            "scorer_version": version,
+            "protocol": {name: protocol[name] for name in SAMPLE_PROTOCOL},
+            "samples": [{"extracted": a, "correct": bool(c), "length": n} for a, c, n in samples],
+        },
+        ensure_ascii=False,
+        sort_keys=True,
+    )
+
+
+def _int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def parse_sample_line(line: bytes) -> dict[str, Any] | str:
+    """A scored problem as written by `sample_line`, or why the line is not one."""
+    try:
+        obj = json.loads(line)
+    except ValueError:
+        return "not JSON"
+    bad = "not a scored-problem line"
+    if not isinstance(obj, dict) or not isinstance(obj.get("problem"), str) or not isinstance(obj.get("scorer"), str):
+        return bad
+    protocol, samples = obj.get("protocol"), obj.get("samples")
+    if not isinstance(protocol, dict) or any(protocol.get(name) is None for name in SAMPLE_PROTOCOL):
+        return bad
+    if not _int(protocol["n"]) or not isinstance(samples, list) or len(samples) != protocol["n"]:
+        return bad
+    for sample in samples:
+        if not isinstance(sample, dict) or not isinstance(sample.get("correct"), bool):
+            return bad
+        if not (sample.get("extracted") is None or isinstance(sample["extracted"], str)):
+            return bad
+    return obj
+
+
+def sample_rows(run_id: str, step: int, benchmark: str, line: dict[str, Any]) -> list[dict[str, Any]]:
+    """The store's `samples` rows of one scored problem."""
+    return [
+        {
+            "run_id": run_id,
+            "step": step,
+            "benchmark": benchmark,
+            "problem": line["problem"],
+            "sample_index": j,
+            "scorer": line["scorer"],
+            **{name: line["protocol"][name] for name in SAMPLE_PROTOCOL},
+            "position": line.get("position") if _int(line.get("position")) else None,
+            "extracted": sample.get("extracted"),
+            "correct": sample["correct"],
+            "response_length": sample.get("length") if _int(sample.get("length")) else None,
+        }
+        for j, sample in enumerate(line["samples"])
+    ]
+
+
+@dataclass(frozen=True)
+class Cursor:
+    """How far a file has been read, and which file that was (metrics.jsonl's identity: file_id and
+    fingerprint): a file replaced or rewritten in place is read again from its start."""
+
+    file_id: str
+    offset: int
+    fingerprint: str
+    lines: int
+
+
+def read_new(path: str | Path, cursor: Cursor | None, parse_line: Callable[[bytes], Any]) -> tuple[Parsed, Cursor]:
+    """What is new in `path` since `cursor` (all of it when None, or when the file is not the one read
+    before), parsed with `parse_line`, and the cursor after it. The file is opened under rundir.py's
+    rule (no link, the user's own); FileNotFoundError when there is none."""
+    with os.fdopen(rundir.open_owned(path), "rb") as f:
+        stat = os.fstat(f.fileno())
+        start, lines = 0, 0
+        if (
+            cursor is not None
+            and cursor.file_id == file_id(stat)
+            and cursor.offset <= stat.st_size
+            and cursor.fingerprint == fingerprint(f, cursor.offset)
+        ):
+            start, lines = cursor.offset, cursor.lines
+        f.seek(start)
+        parsed = parse_lines(f.read(stat.st_size - start), parse_line)
+        offset = start + parsed.consumed
+        return parsed, Cursor(file_id(stat), offset, fingerprint(f, offset), lines + parsed.lines)

@@ -25,8 +25,8 @@ class EmptyStoreError(NoStoreError):
 
 
 def display_url(db_url: str) -> str:
-    """The URL for a message: its password hidden."""
-    return re.sub(r"^([^:/]+://[^/@:]*:)[^/@]*@", r"\1***@", db_url)
+    """The URL for a message: its password hidden (`redact`)."""
+    return redact(db_url)
 
 
 def normalize_url(db: str) -> str:
@@ -44,10 +44,15 @@ def sqlite_path(db_url: str) -> str | None:
     return "" if path in ("", ":memory:") else path
 
 
-# scheme://user:PASSWORD@host: the password runs to the last "@" before a blank or a quote
+# scheme://user:PASSWORD@host: the password runs to the last "@" before a blank or a quote, so one
+# holding "@", ":" or "/" unencoded is hidden whole (hiding a little too much is the safe side)
 _PASSWORD_IN_URL = re.compile(r"(\b[A-Za-z][A-Za-z0-9+.-]*://[^\s:/@'\"<>]*:)[^\s'\"<>]*(@)")
+# ?password=..., &password=..., libpq's "password=..." (and passwd, sslpassword): to the next & ; blank or quote
+_PASSWORD_PARAM = re.compile(r"(?i)((?:^|[?&;\s'\"(,])[\w.-]*pass(?:word|wd)?=)[^&;\s'\"<>]*")
 
 
 def redact(text: str) -> str:
-    """`text` with the password of every URL in it replaced by *** (user:***@host)."""
-    return _PASSWORD_IN_URL.sub(r"\1***\2", text)
+    """`text` with every password in it replaced by ***: a URL's user:***@host, its ?password=*** and
+    &password=*** (any ...password= or ...passwd= parameter), a libpq `password=***`. Every message
+    rpg prints that may hold a database URL goes through here."""
+    return _PASSWORD_PARAM.sub(r"\1***", _PASSWORD_IN_URL.sub(r"\1***\2", text))

@@ -15,7 +15,9 @@ and the tags are the values of the fields the sweep varies (`algorithm=rpg`, `cl
 
 This module is pure Python (no tracker library is imported), so `rpg sweep --dry-run` stays fast.
 Credentials (WANDB_API_KEY, MLFLOW_TRACKING_TOKEN/PASSWORD) are read by the libraries from the
-environment of the process that reports; rpg never reads, passes or writes them.
+environment of the process that reports; rpg never reads, passes or writes them. A job's environment is
+its Ray head's: a credential exported after rpg started its local head is missing there, which
+`credentials_missing_on_head` says before anything is submitted.
 """
 
 from __future__ import annotations
@@ -29,7 +31,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from rpg_cli.spec import NOT_IN_RUN_ID, TRACKER_NAMES, ExperimentSpec, SpecError, Trackers
+from rpg_cli.spec import NOT_IN_RUN_ID, TRACKER_NAMES, ExperimentSpec, SpecError, Trackers, run_identity
 
 # tracker -> the module it needs (the extra of the same name installs it)
 MODULES = {"wandb": "wandb", "tensorboard": "tensorboard", "mlflow": "mlflow"}
@@ -69,6 +71,41 @@ def require(trackers: Trackers | None) -> None:
         raise TrackerError(f"trackers.{found[0]}: {found[1]}")
 
 
+# The variables each tracker's library reads its credentials from, and the Hugging Face Hub's (a model
+# downloaded by any run); a job finds them only in its Ray head's environment.
+CREDENTIAL_VARS = {
+    "wandb": ("WANDB_API_KEY",),
+    "mlflow": ("MLFLOW_TRACKING_TOKEN", "MLFLOW_TRACKING_USERNAME", "MLFLOW_TRACKING_PASSWORD"),
+    "tensorboard": (),
+}
+HUB_CREDENTIAL_VARS = ("HF_TOKEN", "HUGGING_FACE_HUB_TOKEN")
+
+
+def credentials_missing_on_head(
+    specs: list[ExperimentSpec], head_names: set[str] | None, environ: Mapping[str, str] | None = None
+) -> str | None:
+    """One line when a credential the runs may need is set in this shell but absent from the environment
+    the local Ray head started with (`head_names`; None: unknown, nothing said), with the fix; None when
+    nothing is missing. The value is never passed to the job instead: a job's runtime_env is readable
+    by whoever reaches the cluster's jobs API."""
+    if head_names is None:
+        return None
+    environ = os.environ if environ is None else environ
+    wanted = dict.fromkeys(HUB_CREDENTIAL_VARS)
+    for spec in specs:
+        for name in enabled(spec.trackers):
+            wanted.update(dict.fromkeys(CREDENTIAL_VARS.get(name, ())))
+    lacking = [var for var in wanted if environ.get(var) and var not in head_names]
+    if not lacking:
+        return None
+    verb = "is" if len(lacking) == 1 else "are"
+    return (
+        f"{', '.join(lacking)} {verb} set in this shell but not in the local Ray head's environment (it started "
+        "before), so the runs would not see it, and rpg never puts credentials into a job: run `rpg stop`, "
+        "then run this command again (a new head starts with this shell's environment)"
+    )
+
+
 # ---------------------------------------------------------------------------------------------
 # Identity and grouping
 
@@ -80,7 +117,7 @@ def wandb_run_id(run_id: str) -> str:
 
 def cell_id(spec: Mapping[str, Any]) -> str:
     """Short hash of the canonical spec less its seed: the runs of one cell across seeds share it."""
-    identity = {k: v for k, v in spec.items() if k not in ("seed", *NOT_IN_RUN_ID)}
+    identity = {k: v for k, v in run_identity(dict(spec)).items() if k != "seed"}
     text = json.dumps(identity, sort_keys=True, separators=(",", ":"), ensure_ascii=True)
     return hashlib.sha256(text.encode("utf-8")).hexdigest()[:8]
 
@@ -93,7 +130,7 @@ def default_group(spec: Mapping[str, Any], name: str, run_id: str) -> str:
 
 def axis_tags(specs: list[Mapping[str, Any]]) -> list[list[str]]:
     """Per spec, `field=value` for every field whose value differs across `specs` (seed and trackers aside)."""
-    flat = [_flatten({k: v for k, v in s.items() if k not in ("seed", *NOT_IN_RUN_ID)}) for s in specs]
+    flat = [_flatten({k: v for k, v in run_identity(dict(s)).items() if k != "seed"}) for s in specs]
     paths = sorted({p for f in flat for p in f})
     varying = [p for p in paths if len({json.dumps(f.get(p, "<absent>"), sort_keys=True) for f in flat}) > 1]
     return [[_tag(p, f[p]) for p in varying if p in f] for f in flat]

@@ -38,12 +38,14 @@ def latest_checkpoint(run_dir: Path) -> tuple[int, Path] | None:
 
 def save_checkpoint(run_dir: Path, step: int, model, tokenizer, state: dict[str, Any]) -> Path:
     final = rundir.local_checkpoint(run_dir, step)
-    final.parent.mkdir(parents=True, exist_ok=True)
+    checked = rundir.make_run_dir(run_dir)
+    rundir.make_dirs(rundir.checkpoints_dir(checked), checked)
     staging = final.with_name(f".{final.name}.{uuid.uuid4().hex[:8]}.tmp")
     try:
         model.save_pretrained(staging)
         tokenizer.save_pretrained(staging)
         torch.save(state, staging / STATE_FILE)
+        rundir.settle_modes(staging)  # the libraries' own modes differ (safetensors 0600, torch 0644)
         if final.exists():  # a checkpoint of the same step from an earlier attempt: same content by determinism
             shutil.rmtree(final)
         os.replace(staging, final)
@@ -64,16 +66,14 @@ class MetricsLog:
         `keep_through` (all of them when None) it logged are void. A line cut short by a crash is
         ended first, so the restart line stays a line of its own."""
         self.path = Path(path)
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        with self.path.open("a+b") as f:
-            if f.tell() > 0:
-                f.seek(-1, os.SEEK_END)
-                torn = f.read(1) != b"\n"
-                f.write((b"\n" if torn else b"") + rundir.restart_line(keep_through).encode())
-                f.flush()
+        rundir.make_run_dir(self.path.parent)
+        fd = rundir.open_owned(self.path, os.O_RDONLY | os.O_CREAT)
+        try:
+            earlier = os.fstat(fd).st_size > 0
+        finally:
+            os.close(fd)
+        if earlier:
+            rundir.append_line(self.path, rundir.restart_line(keep_through))
 
     def write(self, step: int, data: dict[str, float]) -> None:
-        line = json.dumps({"step": step, "data": data}, sort_keys=True)
-        with self.path.open("a", encoding="utf-8") as handle:
-            handle.write(line + "\n")
-            handle.flush()
+        rundir.append_line(self.path, json.dumps({"step": step, "data": data}, sort_keys=True))
