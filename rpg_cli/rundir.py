@@ -109,11 +109,14 @@ def write_run_file(path: str | Path, data: str | bytes) -> Path:
 
 
 class UnsafePathError(OSError):
-    """A path under the runs directory that breaks the module's rule; `str` of the error is not one
-    line, `os_error_line` of it is: the path, what is wrong, the fix."""
+    """A path under the runs directory that breaks the module's rule; one line: the path, what is
+    wrong, the fix (an OSError: every command says it as one line, as `os_error_line` does)."""
 
     def __init__(self, path: str | Path, why: str):
         super().__init__(None, why, str(path))
+
+    def __str__(self) -> str:
+        return f"{self.filename}: {self.strerror}"
 
 
 def check_owned(path: str | Path, info: os.stat_result, directory: bool = False) -> None:
@@ -150,6 +153,13 @@ def make_dirs(path: str | Path, below: str | Path) -> Path:
             os.mkdir(current, DIR_MODE)
         check_owned(current, os.lstat(current), directory=True)
     return path
+
+
+def absolute_run_dir(run_dir: str | Path) -> Path:
+    """`runs/<sweep>/<run>` as an absolute path with the runs directory's links resolved but not the
+    sweep's and the run's: those rpg makes itself, and a link there must be seen, not followed."""
+    run_dir = Path(run_dir).absolute()
+    return run_dir.parent.parent.resolve() / run_dir.parent.name / run_dir.name
 
 
 def make_run_dir(run_dir: str | Path) -> Path:

@@ -72,6 +72,8 @@ def evaluate(
     store = open_store(options.db)
     progress = on_progress or (lambda done, label: None)
     try:
+        for target in plan.targets:  # eval/ goes there: a planted link or someone else's is refused first
+            rundir.make_run_dir(target.run_dir)
         if on_plan is not None:
             on_plan(plan)
         if local:

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -196,7 +197,7 @@ def _lookup(ref: str, db: str) -> list:
 
 
 def _target_from_path(path: Path, options: EvalOptions) -> Target:
-    path = path.resolve()
+    path = Path(os.path.abspath(path))  # no link resolved: a run directory planted as a link must be seen
     checkpoint = rundir.as_checkpoint(path)
     if checkpoint is not None:
         step, step_dir, run_dir = checkpoint

@@ -122,7 +122,7 @@ def run_sweep(
     store = open_store(db_url)
     try:
         homes = store.record_plans(plans, sweep_name)  # a run another sweep created keeps its directory
-        plans = [p if Path(p.run_dir).resolve() == homes[p.id] else rehome(p, homes[p.id]) for p in plans]
+        plans = [p if rundir.absolute_run_dir(p.run_dir) == homes[p.id] else rehome(p, homes[p.id]) for p in plans]
         for plan in plans:  # a shared runs/: no planted link or someone else's directory is written into
             rundir.make_run_dir(plan.run_dir)
         ids = [p.id for p in plans]
@@ -156,10 +156,9 @@ def run_sweep(
 
 def _check_head_credentials(plans: list[RunPlan], states: dict[str, str], runs_dir: Path) -> None:
     """The trackers' preflight on the local head: a credential exported after it started (rpg stop fixes it)."""
-    from rpg_cli.spec import ExperimentSpec
     from rpg_cli.trackers import credentials_missing_on_head
 
-    specs = [ExperimentSpec.model_validate(p.spec) for p in plans if states.get(p.id) != "succeeded"]
+    specs = [p.spec for p in plans if states.get(p.id) != "succeeded"]
     if specs and (line := credentials_missing_on_head(specs, head_env_names(runs_dir))):
         raise ClusterError(line)
 

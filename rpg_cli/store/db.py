@@ -152,7 +152,7 @@ class Store(Queries):
                     conn.execute(t.sweeps.insert().values(name=sweep_name, created_at=_now()))
                 home = conn.execute(sa.select(t.runs.c.run_dir).where(t.runs.c.id == plan.id)).scalar()
                 if home is None:
-                    home = str(Path(plan.run_dir).resolve())
+                    home = str(rundir.absolute_run_dir(plan.run_dir))
                     conn.execute(
                         t.runs.insert().values(
                             id=plan.id,

@@ -81,19 +81,25 @@ CREDENTIAL_VARS = {
 HUB_CREDENTIAL_VARS = ("HF_TOKEN", "HUGGING_FACE_HUB_TOKEN")
 
 
+def spec_trackers(spec: Mapping[str, Any]) -> list[str]:
+    """The trackers a run's (canonical) spec enables."""
+    block = spec.get("trackers")
+    return [name for name in TRACKER_NAMES if isinstance(block, Mapping) and block.get(name) is not None]
+
+
 def credentials_missing_on_head(
-    specs: list[ExperimentSpec], head_names: set[str] | None, environ: Mapping[str, str] | None = None
+    specs: list[Mapping[str, Any]], head_names: set[str] | None, environ: Mapping[str, str] | None = None
 ) -> str | None:
-    """One line when a credential the runs may need is set in this shell but absent from the environment
-    the local Ray head started with (`head_names`; None: unknown, nothing said), with the fix; None when
-    nothing is missing. The value is never passed to the job instead: a job's runtime_env is readable
-    by whoever reaches the cluster's jobs API."""
+    """One line when a credential the runs (their canonical specs) may need is set in this shell but
+    absent from the environment the local Ray head started with (`head_names`; None: unknown, nothing
+    said), with the fix; None when nothing is missing. The value is never passed to the job instead: a
+    job's runtime_env is readable by whoever reaches the cluster's jobs API."""
     if head_names is None:
         return None
     environ = os.environ if environ is None else environ
     wanted = dict.fromkeys(HUB_CREDENTIAL_VARS)
     for spec in specs:
-        for name in enabled(spec.trackers):
+        for name in spec_trackers(spec):
             wanted.update(dict.fromkeys(CREDENTIAL_VARS.get(name, ())))
     lacking = [var for var in wanted if environ.get(var) and var not in head_names]
     if not lacking:
