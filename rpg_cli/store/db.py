@@ -30,11 +30,11 @@ from rpg_cli.store import migrations
 from rpg_cli.store.ingest import (
     VERL_VAL_SCORER,
     VERL_VAL_SCORER_VERSION,
+    Cursor,
     ValRow,
-    file_id,
-    fingerprint,
     ingest_rows,
-    parse_metric_lines,
+    parse_metric_line,
+    read_new,
     segments,
 )
 from rpg_cli.store.queries import Queries
@@ -311,31 +311,18 @@ class Store(Queries):
         mf = self.t.metric_files
         with self.engine.connect() as conn:
             state = conn.execute(sa.select(mf).where(mf.c.run_id == run_id)).mappings().first()
-        try:
-            f = os.fdopen(rundir.open_owned(path), "rb")  # a shared runs/: the user's own file, no link
+        cursor = None
+        if state is not None and state["path"] == str(path) and state["file_id"] and state["fingerprint"]:
+            cursor = Cursor(state["file_id"], state["offset"], state["fingerprint"], state["lines"] or 0)
+        try:  # the file read where the store stopped, if it is still the one read then (ingest.read_new)
+            parsed, after = read_new(path, cursor, parse_metric_line)
         except OSError as exc:  # no file, or a path that cannot hold one (a name too long: nothing was written)
             if exc.errno in (errno.ENOENT, errno.ENOTDIR, errno.ENAMETOOLONG):
                 return 0
             raise
-        with f:
-            stat = os.fstat(f.fileno())
-            start, lines_before = 0, 0
-            if (
-                state is not None
-                and state["path"] == str(path)
-                and state["file_id"] == file_id(stat)
-                and state["offset"] <= stat.st_size
-                and state["fingerprint"] == fingerprint(f, state["offset"])
-            ):
-                start, lines_before = state["offset"], state["lines"] or 0
-            if stat.st_size == start:
-                return 0
-            f.seek(start)
-            parsed = parse_metric_lines(f.read(stat.st_size - start))
-            if parsed.consumed == 0:
-                return 0
-            offset = start + parsed.consumed
-            seal = fingerprint(f, offset)
+        if parsed.consumed == 0:
+            return 0
+        start, lines_before = after.offset - parsed.consumed, after.lines - parsed.lines
         count = 0
         with self._write() as conn:
             now = conn.execute(sa.select(mf).where(mf.c.run_id == run_id)).mappings().first()
@@ -361,11 +348,11 @@ class Store(Queries):
                 last_step = max((s for s in (last_step, kept) if s is not None), default=None)
             values = {
                 "path": str(path),
-                "offset": offset,
+                "offset": after.offset,
                 "last_step": last_step,
-                "file_id": file_id(stat),
-                "fingerprint": seal,
-                "lines": lines_before + parsed.lines,
+                "file_id": after.file_id,
+                "fingerprint": after.fingerprint,
+                "lines": after.lines,
             }
             if now is None:
                 conn.execute(mf.insert().values(run_id=run_id, **values))

@@ -49,7 +49,7 @@ Record = tuple[int, dict[str, Any]]  # (step, data) of one metrics.jsonl line
 Restart = tuple[None, "int | None"]  # (None, keep_through) of a restart line
 
 
-def _parse_line(line: bytes) -> Record | Restart | str:
+def parse_metric_line(line: bytes) -> Record | Restart | str:
     """A record, a restart, or why the line is neither."""
     try:
         obj = json.loads(line)
@@ -86,7 +86,7 @@ def parse_metric_lines(chunk: bytes) -> Parsed:
     mid-line leaves invalid JSON there, which is left for the next ingestion. Blank lines are skipped;
     other complete lines that are neither records nor restarts are skipped and listed in `bad`.
     """
-    return parse_lines(chunk, _parse_line)
+    return parse_lines(chunk, parse_metric_line)
 
 
 def parse_lines(chunk: bytes, parse_line: Callable[[bytes], Any]) -> Parsed:
