@@ -215,8 +215,18 @@ def test_what_another_user_made_in_a_shared_runs_directory_is_refused(other_user
             rundir.write_spec(runs / "linked" / "run", {"seed": 0})
         with pytest.raises(StoreError, match=f"results.db: belongs to uid {uid}"):
             open_store(f"sqlite:///{runs / 'results.db'}")
-        assert list(victim.iterdir()) == [] and list((runs / "theirs").iterdir()) == []
+        assert list(victim.iterdir()) == [] and list((runs / "theirs").iterdir()) == []  # nothing written there
         assert (runs / "results.db").stat().st_size == 0  # root could have written it: rpg did not
+
+        # reading is another matter: a team's store ingests a teammate's metrics (never through a link)
+        run_as("mkdir", "-m", "0755", str(runs / "theirs" / "run"))
+        line = json.dumps({"step": 1, "data": {"critic/score/mean": 0.5}})
+        run_as("sh", "-c", f"printf '%s\\n' '{line}' > {runs / 'theirs' / 'run' / 'metrics.jsonl'}")
+        store = open_store(f"sqlite:///{shared / 'team.db'}")
+        try:
+            assert store.ingest_metrics("theirs", runs / "theirs" / "run" / "metrics.jsonl") == 1
+        finally:
+            store.close()
 
         # a directory of one's own that others can write is refused too: anyone could plant in it
         mine = runs / "mine"

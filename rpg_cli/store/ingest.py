@@ -284,9 +284,10 @@ class Cursor:
 
 def read_new(path: str | Path, cursor: Cursor | None, parse_line: Callable[[bytes], Any]) -> tuple[Parsed, Cursor]:
     """What is new in `path` since `cursor` (all of it when None, or when the file is not the one read
-    before), parsed with `parse_line`, and the cursor after it. The file is opened under rundir.py's
-    rule (no link, the user's own); FileNotFoundError when there is none."""
-    with os.fdopen(rundir.open_owned(path), "rb") as f:
+    before), parsed with `parse_line`, and the cursor after it. The file is opened without following a
+    link (rundir.py's rule; anyone's regular file: a team's store ingests a teammate's runs);
+    FileNotFoundError when there is none."""
+    with os.fdopen(rundir.open_owned(path, anyone=True), "rb") as f:
         stat = os.fstat(f.fileno())
         start, lines = 0, 0
         if (
