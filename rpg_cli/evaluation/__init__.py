@@ -6,9 +6,11 @@
     options     what the user asks (one pydantic model; an evaluation job receives it as JSON)
     plan        which runs and checkpoints, on which problems, sampled how; checks every input, no torch
     generation  k samples per problem with vLLM or transformers
-    pipeline    scores, stores every sample and the accuracy@k metrics, resumes
+    pipeline    scores, records every sample in the run directory, ingests it into the store with
+                the accuracy@k metrics, resumes
     metrics     accuracy@k: mean@k, pass@k (unbiased), maj@k, std@k (pure functions)
-    job         the evaluation as a Ray job, and `evaluate`, the one call `rpg eval` makes
+    job         the evaluation as a Ray job (it never sees the store), and `evaluate`, the one call
+                `rpg eval` makes
 
 The job's entry point is `python -m rpg_cli.evaluation`. Importing this package imports nothing: the
 names below load their module on first use (`metrics` stays light for anyone who wants the formulas).
