@@ -4,6 +4,7 @@ the end and once cancelled half way and resubmitted."""
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import shutil
@@ -25,6 +26,7 @@ SLURM_PROGRAMS = ("slurmctld", "slurmd", "munged", "sbatch", "squeue", "scancel"
 TINY = """\
 name: {name}
 base:
+  algorithm: grpo
   model: data/toy/model
   context: 2k
   data:
@@ -50,9 +52,9 @@ grid:
 """
 
 
-def write_sweep(root: Path, name: str, grid: str) -> Path:
+def write_sweep(root: Path, name: str, grid: str, save_every: int = 2) -> Path:
     path = root / f"{name}.yaml"
-    path.write_text(TINY.format(name=name, grid=grid))
+    path.write_text(TINY.format(name=name, grid=grid).replace("save_every: 2", f"save_every: {save_every}"))
     return path
 
 
@@ -398,36 +400,40 @@ def test_a_sweep_runs_through_slurm_and_a_second_submission_does_nothing(slurm_c
 
 def test_a_cancelled_allocation_loses_nothing_and_resubmitting_continues_it(slurm_cluster, toy_workdir):
     work, env = toy_workdir, slurm_cluster
-    write_sweep(work, "cancelled", "  steps: [2, 30]")
+    write_sweep(work, "cancelled", "  steps: [2, 1000]", save_every=50)  # a toy step takes ~15 ms
     first = rpg("slurm", "cancelled.yaml", cwd=work, env=env)
     assert first.returncode == 0, first.stdout + first.stderr
     job_id = job_id_of(first)
+
+    def logged_steps(path: Path) -> list[int]:
+        lines = path.read_text().splitlines() if path.exists() else []
+        return [json.loads(line)["step"] for line in lines[:-1] if '"step"' in line]  # the last may be torn
 
     def short_done_long_saved() -> bool:
         try:
             runs = store_runs(work, "cancelled")
         except Exception:  # no store yet
             return False
-        if set(runs) != {2, 30}:
+        if set(runs) != {2, 1000}:
             return False
-        (short, _), (long, steps) = runs[2], runs[30]
-        return short.status == "succeeded" and long.status == "running" and len(steps) >= 5  # step 4 saved
+        (short, _), (long, _) = runs[2], runs[1000]
+        return short.status == "succeeded" and max(logged_steps(long.metrics_path), default=0) >= 120
 
     _wait_for(short_done_long_saved, 240, "the short run to succeed and the long one to save a checkpoint", 1)
     subprocess.run(["scancel", job_id], env=env, check=True, timeout=60)
     assert_job_gone(job_id, work, "cancelled", env)
     cut = store_runs(work, "cancelled")
-    (short, _), (long, steps_before) = cut[2], cut[30]
+    (short, _), (long, steps_before) = cut[2], cut[1000]
     assert long.status in ("running", "submitted"), long.error  # live: the next submission resumes it
-    assert steps_before[-1] < 30
+    assert 100 <= steps_before[-1] < 1000
 
     second = rpg("slurm", "cancelled.yaml", "--wait", cwd=work, env=env)
     assert second.returncode == 0, second.stdout + second.stderr
     assert job_id_of(second) != job_id
     after = store_runs(work, "cancelled")
-    (short_after, _), (long_after, steps) = after[2], after[30]
+    (short_after, _), (long_after, steps) = after[2], after[1000]
     assert (short_after.status, short_after.attempts, short_after.finished_at) == ("succeeded", 1, short.finished_at)
     assert (long_after.status, long_after.attempts) == ("succeeded", 2)
-    assert steps == list(range(31)) and set(steps_before) <= set(steps)  # every step, none lost
-    restarts = [line for line in long_after.metrics_path.read_text().splitlines() if '"restart"' in line]
-    assert len(restarts) == 1 and '"keep_through": null' not in restarts[0]  # resumed from a checkpoint
+    assert steps == list(range(1001))  # every step, none lost (0: the validation before training)
+    restarts = [json.loads(line) for line in long_after.metrics_path.read_text().splitlines() if '"restart"' in line]
+    assert len(restarts) == 1 and restarts[0]["restart"]["keep_through"] >= 100  # resumed from its checkpoint
