@@ -44,7 +44,7 @@ def runs_command(
     address: str = address_option(),
     runs_dir: str = runs_dir_option(),
 ) -> None:
-    """List runs: seed, state, attempts, last step, reward and validation accuracy, wall time.
+    """List runs: seed, state, attempts, last step, reward and validation accuracy, time queued and run.
 
     The reward is the last critic/score/mean logged; the validation accuracy the mean over benchmarks
     of each one's last val-core mean@k. Runs recorded as live are first checked with the Ray cluster
@@ -58,7 +58,7 @@ def runs_command(
       rpg runs --status failed --wide
     """
     from rpg_cli.report import ReportError, runs_summary, summary_csv, wall_text
-    from rpg_cli.report.summary import SUMMARY_FIELDS, TABLE_TITLES
+    from rpg_cli.report.summary import TABLE_FIELDS, TABLE_TITLES
     from rpg_cli.states import STATUSES
     from rpg_cli.store import EmptyStoreError, NoStoreError, StoreError, open_store
 
@@ -98,13 +98,12 @@ def runs_command(
     from rich.table import Table
 
     table = Table(title=f"runs of {sweep_name}" if sweep_name else "runs")
-    for field in SUMMARY_FIELDS:
-        if field != "finished":
-            table.add_column(
-                TABLE_TITLES.get(field, field),
-                justify="right" if field in ("seed", "attempts", "step", "reward", "val", "wall_s") else "left",
-                no_wrap=field not in ("name", "error"),
-            )
+    for field in TABLE_FIELDS:
+        table.add_column(
+            TABLE_TITLES.get(field, field),
+            justify="right" if field in ("seed", "attempts", "step", "reward", "val", "queued_s", "run_s") else "left",
+            no_wrap=field not in ("name", "error"),
+        )
     cut = 0
     for r in rows:
         error = error_line(r["error"], width=None if wide else 60)
@@ -119,7 +118,8 @@ def runs_command(
             "-" if r["step"] is None else str(r["step"]),
             "-" if r["reward"] is None else f"{r['reward']:.4f}",
             "-" if r["val"] is None else f"{r['val']:.4f}",
-            wall_text(r["wall_s"]),
+            wall_text(r["queued_s"]),
+            wall_text(r["run_s"]),
             (r["started"] or "-")[:16],
             error.replace("[", r"\["),
         )

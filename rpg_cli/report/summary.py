@@ -29,12 +29,17 @@ SUMMARY_FIELDS = (
     "step",
     "reward",
     "val",
+    "queued_s",
+    "run_s",
     "wall_s",
+    "submitted",
     "started",
     "finished",
     "error",
 )
-TABLE_TITLES = {"val": "val acc", "wall_s": "wall", "started": "started (UTC)"}
+# the table's columns (wall = queued + run, and the times but one, are in the CSV and JSON only)
+TABLE_FIELDS = tuple(f for f in SUMMARY_FIELDS if f not in ("wall_s", "submitted", "finished"))
+TABLE_TITLES = {"val": "val acc", "queued_s": "queued", "run_s": "run", "started": "started (UTC)"}
 
 
 def parse_where(clauses: Sequence[str]) -> list[tuple[str, bool, list[str]]]:
@@ -52,8 +57,56 @@ def parse_where(clauses: Sequence[str]) -> list[tuple[str, bool, list[str]]]:
             raise ReportError(
                 f"--where {clause!r}: no spec field {path.split('.')[0]!r}; fields: {', '.join(ExperimentSpec.model_fields)}"
             )
-        out.append((path, op == "!=", [v.strip() for v in value.split(",")]))
+        values = [v.strip() for v in value.split(",")]
+        for v in values:
+            _check_where_value(clause, path, v)
+        out.append((path, op == "!=", values))
     return out
+
+
+def _check_where_value(clause: str, path: str, value: str) -> None:
+    """ReportError when `value` could match no value of the spec field `path` (a typo would list 0 runs)."""
+    import typing
+
+    from rpg_cli.spec import _field_info, _field_names
+
+    info = _field_info(path)
+    if info is None:
+        raise ReportError(f"--where {clause!r}: no spec field {path!r}; fields there: {', '.join(_field_names(path))}")
+    kinds: list[Any] = []
+
+    def walk(annotation: Any) -> None:
+        if typing.get_origin(annotation) is typing.Annotated:
+            walk(typing.get_args(annotation)[0])
+        elif typing.get_origin(annotation) is typing.Literal:
+            kinds.extend(str(v) for v in typing.get_args(annotation))
+        elif typing.get_args(annotation) and typing.get_origin(annotation) not in (list, dict):
+            for arg in typing.get_args(annotation):
+                walk(arg)
+        else:
+            kinds.append(annotation)
+
+    walk(info.annotation)
+    w = value.lower()
+    if type(None) in kinds and w in ("none", "null", "off", ""):
+        return
+    if bool in kinds and w in ("true", "false"):
+        return
+    if value in kinds or any(not isinstance(k, str) and k not in (int, float, bool, type(None)) for k in kinds):
+        return  # a literal, or text, a list or a mapping (compared as text)
+    if int in kinds or float in kinds:
+        try:
+            float(value)
+            return
+        except ValueError:
+            pass
+    allowed = [k for k in kinds if isinstance(k, str)]
+    allowed += [
+        {int: "an integer", float: "a number", bool: "true or false", type(None): "none"}[k]
+        for k in kinds
+        if not isinstance(k, str)
+    ]
+    raise ReportError(f"--where {clause!r}: {value!r} is not a value of {path}; allowed: {', '.join(allowed)}")
 
 
 def _spec_value(spec: dict[str, Any], path: str) -> Any:
@@ -96,7 +149,9 @@ def runs_summary(
 ) -> list[dict[str, Any]]:
     """The columns a user scans first, one dict per run: sweep, name, id, seed, status, attempts, step
     (last step logged), reward (last critic/score/mean), val (the mean over benchmarks of each one's
-    last val-core mean@k), wall_s (finished or now, minus started), started, finished, error."""
+    last val-core mean@k), queued_s (in Ray's queue: from submitted to started), run_s (from started to
+    finished or now), wall_s (both), submitted (Ray took the job), started (rpg first saw it running; the
+    watcher looks every few seconds), finished, error. A time rpg did not see is None."""
     filters = parse_where(where)
     runs = [
         r for r in store.runs(sweep=sweep, status=list(status) if status else None) if spec_matches(r.spec, filters)
@@ -113,6 +168,8 @@ def runs_summary(
         vals = [values[k][1] for k in val if k in values and values[k][1] is not None]
         end = r.finished_at or (now if r.status in LIVE else None)
         wall = (end - r.started_at).total_seconds() if r.started_at and end else None
+        queued = (r.running_at - r.started_at).total_seconds() if r.running_at and r.started_at else None
+        run = (end - r.running_at).total_seconds() if r.running_at and end else None
         out.append(
             {
                 "sweep": r.sweep,
@@ -124,13 +181,20 @@ def runs_summary(
                 "step": steps.get(r.id),
                 "reward": reward,
                 "val": statistics.fmean(vals) if vals else None,
+                "queued_s": None if queued is None else max(queued, 0.0),
+                "run_s": run,
                 "wall_s": wall,
-                "started": r.started_at.isoformat(sep=" ", timespec="seconds") if r.started_at else None,
-                "finished": r.finished_at.isoformat(sep=" ", timespec="seconds") if r.finished_at else None,
+                "submitted": _when(r.started_at),
+                "started": _when(r.running_at),
+                "finished": _when(r.finished_at),
                 "error": r.error,
             }
         )
     return out
+
+
+def _when(at: datetime | None) -> str | None:
+    return at.isoformat(sep=" ", timespec="seconds") if at else None
 
 
 def summary_csv(rows: Sequence[dict[str, Any]]) -> str:

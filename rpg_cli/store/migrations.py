@@ -99,8 +99,15 @@ def _to_v2(conn: sa.Connection) -> None:
         conn.execute(e.update().where(e.c.scorer == "verl-val", e.c.benchmark == old).values(benchmark=new))
 
 
+def _to_v3(conn: sa.Connection) -> None:
+    """Version 3: when a run's job left Ray's queue and began (runs.running_at), so that `rpg runs` shows
+    the time queued and the time run apart. Unknown (NULL) for the runs recorded before."""
+    kind = sa.DateTime().compile(dialect=conn.dialect)  # the type schema.py's column has on this dialect
+    conn.exec_driver_sql(f"ALTER TABLE runs ADD COLUMN running_at {kind}")
+
+
 # version -> the upgrade from version - 1
-MIGRATIONS: dict[int, Callable[[sa.Connection], None]] = {2: _to_v2}
+MIGRATIONS: dict[int, Callable[[sa.Connection], None]] = {2: _to_v2, 3: _to_v3}
 LATEST = max(MIGRATIONS, default=1)
 
 

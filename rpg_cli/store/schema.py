@@ -77,9 +77,10 @@ def schema() -> Schema:
         sa.Column("submission_id", sa.String(100)),
         sa.Column("attempts", sa.Integer, nullable=False, default=0),
         sa.Column("created_at", sa.DateTime, nullable=False),  # all timestamps: naive UTC
-        sa.Column("started_at", sa.DateTime),
+        sa.Column("started_at", sa.DateTime),  # when Ray took the job (its queue time included)
         sa.Column("finished_at", sa.DateTime),
         sa.Column("error", sa.Text),  # the last ERROR_TAIL_CHARS of the failure message / log
+        sa.Column("running_at", sa.DateTime),  # when rpg first saw its job running: out of Ray's queue (v3)
         sa.CheckConstraint(f"status IN ({statuses})", name="runs_status"),
     )
     sweep_runs = sa.Table(

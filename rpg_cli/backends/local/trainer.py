@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import math
 import random
+import re
 import sys
 import time
 from dataclasses import dataclass
@@ -135,7 +136,12 @@ class Trainer:
             started = time.perf_counter()
             torch.manual_seed(step_seed(spec.seed, step))
             random.seed(step_seed(spec.seed, step))
-            metrics = self.train_step(step)
+            try:
+                metrics = self.train_step(step)
+            except RuntimeError as exc:  # torch.multinomial on the probabilities of overflowed weights
+                if not re.search(r"\b(?:inf|nan)\b", str(exc)):
+                    raise
+                raise BackendError(rundir.diverged(step, f"sampling met {str(exc).splitlines()[0]}")) from None
             if self.val_problems and (step % spec.val.every == 0 or step == spec.steps):
                 t = time.perf_counter()
                 metrics.update(self.validate())
@@ -145,6 +151,11 @@ class Trainer:
             metrics["perf/throughput"] = metrics["perf/total_num_tokens"] / metrics["timing_s/step"]
             # the line goes first: a crash before the checkpoint is renamed into place redoes the step
             self.log_metrics(step, metrics)
+            for key in rundir.DIVERGED_KEYS:  # no checkpoint of weights a NaN has reached
+                if not math.isfinite(metrics.get(key, 0.0)):
+                    raise BackendError(rundir.diverged(step, f"{key} is {metrics[key]}"))
+            if not bool(torch.stack([p.isfinite().all() for p in self.model.parameters()]).all()):
+                raise BackendError(rundir.diverged(step, "the update left non-finite weights"))
             if step % spec.save_every == 0 or step == spec.steps:
                 self.save(step)
             log(
