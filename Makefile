@@ -2,6 +2,7 @@
 # make test   install if needed, then run the test suite
 # make bench  install if needed, then run the benchmarks and print their ratios
 # make lint   install if needed, then ruff: the lint rules and the formatting (pyproject.toml [tool.ruff])
+# make e2e    install .venv-e2e if needed, then verl's whole loop with vLLM's CPU build (tests/e2e, ~10 min)
 # make install  (re)create .venv with the package and its dev/test extras
 
 PYTHON ?= python3
@@ -15,7 +16,7 @@ STAMP  := $(VENV)/.installed
 # the PostgreSQL driver (a few seconds) likewise, for the store's tests against a real server
 EXTRAS ?= dev,verl,trackers,postgres
 
-.PHONY: install test demo bench lint clean
+.PHONY: install test demo bench lint e2e clean
 
 install: $(STAMP)
 
@@ -54,5 +55,20 @@ $(VENV)/.bench-installed: $(STAMP)
 	$(PIP) install -q -e ".[$(EXTRAS),bench]" -c constraints.txt
 	touch $@
 
+# The real verl loop on a CPU (README: "The full verl loop on a CPU"): its own environment, every package pinned
+# in tests/e2e/requirements.txt (PyPI only) and installed without a resolver; one process at a time (9-14 GiB).
+E2E_VENV  := .venv-e2e
+E2E_PY    := $(E2E_VENV)/bin/python
+E2E_STAMP := $(E2E_VENV)/.installed
+
+$(E2E_STAMP): pyproject.toml tests/e2e/requirements.txt Makefile
+	test -x $(E2E_PY) || $(PYTHON) -m venv $(E2E_VENV)
+	$(E2E_PY) -m pip install -q --no-deps -r tests/e2e/requirements.txt
+	$(E2E_PY) -m pip install -q --no-deps -e .
+	touch $(E2E_STAMP)
+
+e2e: $(E2E_STAMP)
+	RPG_E2E=1 $(E2E_PY) -m pytest -q -p no:cacheprovider tests/e2e
+
 clean:
-	rm -rf $(VENV) .pytest_cache
+	rm -rf $(VENV) $(E2E_VENV) .pytest_cache

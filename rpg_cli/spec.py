@@ -57,10 +57,21 @@ KL_VARIANTS = ("fkl", "rkl", "ufkl", "urkl")
 # training and rollout length 4,096 tokens for a 2K context length and 8,192 for a 4K", the released
 # scripts' 2048 + 2048. The only place these numbers live.
 CONTEXT_LENGTHS: dict[str, tuple[int, int]] = {"2k": (2048, 2048), "4k": (4096, 4096), "8k": (8192, 8192)}
+MAX_CONTEXT_TOKENS = 1_048_576  # an explicit budget's bound: far above any model, below a typo
 # KL-loss estimators of the PPO-family runs (MATH.md section 4); verl's names: kl, mse, low_var_kl.
 KLLossEstimator = Literal["k1", "k2", "k3"]
 # algorithms whose loss is PPO's without a KL term of its own, so that a KL loss can be added
 KL_LOSS_ALGORITHMS = ("reinforce_pp", "reinforce_pp_baseline")
+
+
+# Bounds of sizes whose data is not known where the spec is read (inputs.py checks them against the data):
+# far above any real run, low enough that a typo (1e9 prompts per step) never reaches a machine.
+MAX_STEPS = 1_000_000
+MAX_BATCH = 1_048_576
+MAX_ROLLOUTS = 4096
+MAX_SWEEP_NAME = 100
+# aliases may share a fragment; a file whose aliases expand past this many values is refused (billion laughs)
+MAX_YAML_VALUES = 100_000
 
 
 class SpecError(Exception):
@@ -90,13 +101,14 @@ class SpecError(Exception):
 
 
 class _Frozen(BaseModel):
-    # strict: a YAML typo like `rollout_n: "16"` or `clip: yes` is an error, not a silent coercion
-    model_config = ConfigDict(frozen=True, extra="forbid", strict=True)
+    # strict: a YAML typo like `rollout_n: "16"` or `clip: yes` is an error, not a silent coercion;
+    # no float field takes .inf or .nan (a NaN loss trains nothing and still "succeeds")
+    model_config = ConfigDict(frozen=True, extra="forbid", strict=True, allow_inf_nan=False)
 
 
 class Clip(_Frozen):
-    eps_low: float = Field(gt=0)
-    eps_high: float = Field(gt=0)
+    eps_low: float = Field(gt=0, lt=1)  # the ratio's lower bound 1 - eps_low must stay positive
+    eps_high: float = Field(gt=0, lt=1)
     c: float = Field(10.0, gt=1)  # dual-clip bound for negative advantages (paper gives none; reference code: 10)
     clipped_weight_in_sg: bool = False  # Remark F.2: the clipped weight inside stop-gradient
 
@@ -148,7 +160,7 @@ class Data(_Frozen):
 class Val(_Frozen):
     """Validation: val.n samples per problem (evaluation files hold one row per problem), every `every` steps."""
 
-    n: int = Field(32, ge=1)  # k of accuracy@k: the paper's Mean@32
+    n: int = Field(32, ge=1, le=MAX_ROLLOUTS)  # k of accuracy@k: the paper's Mean@32
     every: int = Field(10, ge=1)  # test_freq, in steps (the scripts)
     temperature: float = Field(1.0, ge=0)
     top_p: float = Field(1.0, gt=0, le=1)  # the scripts
@@ -181,6 +193,79 @@ class KLLoss(_Frozen):
 
     estimator: KLLossEstimator
     coef: float = Field(gt=0)
+
+
+class ContextTokens(_Frozen):
+    """Explicit prompt and response token budgets, beside the paper's Nk: for tests, tiny models, ablations."""
+
+    prompt: int = Field(ge=1, le=MAX_CONTEXT_TOKENS)
+    response: int = Field(ge=1, le=MAX_CONTEXT_TOKENS)
+
+
+def context_lengths(context: str | dict[str, Any] | ContextTokens) -> tuple[int, int]:
+    """(prompt, response) tokens of a context: "Nk", {prompt, response} (as in spec.json) or ContextTokens."""
+    if isinstance(context, ContextTokens):
+        return context.prompt, context.response
+    if isinstance(context, dict):
+        return int(context["prompt"]), int(context["response"])
+    return CONTEXT_LENGTHS[context]
+
+
+def context_label(context: str | dict[str, Any] | ContextTokens) -> str:
+    """A context as run names and tables write it: "2k", or "64+32" for explicit budgets."""
+    if isinstance(context, str):
+        return context
+    prompt, response = context_lengths(context)
+    return f"{prompt}+{response}"
+
+
+class Verl(_Frozen):
+    """What a verl run needs beyond the spec's fields: extra Hydra overrides of verl's ppo_trainer config and
+    environment variables for its processes. `overrides` may change what a run computes, so they are part
+    of the run id, and may replace an override rpg generates; `site` overrides and `env` say how a run
+    executes on a cluster (rollout.gpu_memory_utilization, NCCL variables, a test harness's modules), are
+    not part of the run id, and may not replace what rpg generates from the spec."""
+
+    overrides: list[str] = Field(default_factory=list)
+    site: list[str] = Field(default_factory=list)
+    env: dict[str, str] = Field(default_factory=dict)
+
+    @field_validator("overrides", "site")
+    @classmethod
+    def _key_value(cls, items: list[str]) -> list[str]:
+        for item in items:
+            if not re.fullmatch(r"(\+\+|\+|~)?[A-Za-z_][\w.\-@/]*=.*", item, re.S):
+                raise ValueError(f"got {item!r}; allowed: Hydra overrides key=value, +key=value or ++key=value")
+        keys = [override_key(item) for item in items]
+        if len(set(keys)) < len(keys):
+            twice = sorted({k for k in keys if keys.count(k) > 1})
+            raise ValueError(f"{', '.join(twice)} given twice; allowed: each key once")
+        return items
+
+    @field_validator("env")
+    @classmethod
+    def _env_names(cls, env: dict[str, str]) -> dict[str, str]:
+        for name in env:
+            if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", name):
+                raise ValueError(f"{name!r} is not an environment variable name; allowed: letters, digits, _")
+            if name in RESERVED_ENV:
+                raise ValueError(f"{name} is rpg's own (the run's metrics file); allowed: any other name")
+            if _CREDENTIAL.search(name):
+                raise ValueError(
+                    f"{name} looks like a credential, and env travels in the job's metadata (Ray's jobs API shows "
+                    "it); allowed: settings only (give credentials to the nodes' environment)"
+                )
+        return env
+
+
+# set by rpg for every verl run; VERL_USE_EXTERNAL_MODULES may be given (loaded before rpg's plugin)
+RESERVED_ENV = ("VERL_FILE_LOGGER_PATH",)
+_CREDENTIAL = re.compile(r"KEY|TOKEN|SECRET|PASSW|CREDENTIAL", re.I)
+
+
+def override_key(override: str) -> str:
+    """The config key a Hydra override sets: `+a.b=1` -> `a.b`."""
+    return override.split("=", 1)[0].lstrip("+~")
 
 
 class Resources(_Frozen):
@@ -340,10 +425,36 @@ class ReferenceTracker:
         self.ema, self.kl = float(state["ema"]), float(state["kl"])
 
 
-# Where metrics are reported, not what a run computes: spec.json records these fields, the run id ignores them.
-NOT_IN_RUN_ID = ("trackers",)
+# Where metrics are reported and how a run executes, not what it computes: spec.json records these fields
+# (dotted: a field of a block), the run id ignores them.
+NOT_IN_RUN_ID = ("trackers", "verl.site", "verl.env")
 # Added after run ids were published: left out of the canonical spec while empty, so older ids stand.
-OMITTED_WHEN_EMPTY = ("chat_template_kwargs", "scorers")
+OMITTED_WHEN_EMPTY = ("chat_template_kwargs", "scorers", "verl")
+
+
+def without_empty(spec: dict[str, Any]) -> dict[str, Any]:
+    """`spec` less the OMITTED_WHEN_EMPTY fields that hold nothing (a block: nothing in any of its fields)."""
+
+    def empty(value: Any) -> bool:
+        # None or an empty container: a false or zero value is a setting ({enable_thinking: false})
+        if isinstance(value, dict):
+            return all(empty(v) for v in value.values())
+        return value is None or value == "" or value == []
+
+    return {k: v for k, v in spec.items() if k not in OMITTED_WHEN_EMPTY or not empty(v)}
+
+
+def run_identity(spec: dict[str, Any]) -> dict[str, Any]:
+    """A canonical spec less NOT_IN_RUN_ID: what a run's id hashes (and, less the seed, its cell's)."""
+    identity = copy.deepcopy(dict(spec))
+    for path in NOT_IN_RUN_ID:
+        *parents, last = path.split(".")
+        node: Any = identity
+        for part in parents:
+            node = node.get(part) if isinstance(node, dict) else None
+        if isinstance(node, dict):
+            node.pop(last, None)
+    return without_empty(identity)
 
 
 class ExperimentSpec(_Frozen):
@@ -357,7 +468,7 @@ class ExperimentSpec(_Frozen):
     beta: float = Field(ge=0)
     clip: ClipSetting
     optimizer: Optimizer
-    context: Context
+    context: Context | ContextTokens
     reference: Reference = "iterative"
     model: str = Field(min_length=1)
     model_max_length: int | None = Field(None, ge=1)
@@ -369,16 +480,16 @@ class ExperimentSpec(_Frozen):
     scorers: dict[Annotated[str, Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]*$")], Literal[SCORERS]] = Field(
         default_factory=dict
     )
-    train_batch_size: int = Field(ge=1)  # prompts per step
-    rollout_n: int = Field(ge=1)  # responses per prompt
+    train_batch_size: int = Field(ge=1, le=MAX_BATCH)  # prompts per step (at most the training rows: inputs.py)
+    rollout_n: int = Field(ge=1, le=MAX_ROLLOUTS)  # responses per prompt
     ppo_mini_batch_size: int = Field(ge=1)  # prompts per mini-batch (verl semantics)
     ppo_epochs: int = Field(1, ge=1)
     lr: float = Field(gt=0)
     lr_warmup_steps: int = Field(0, ge=0)
     weight_decay: float = Field(0.01, ge=0)  # verl's actor default
     grad_clip: float = Field(1.0, gt=0)
-    steps: int = Field(ge=1)
-    seed: int = Field(ge=0)
+    steps: int = Field(ge=1, le=MAX_STEPS)
+    seed: int = Field(ge=0, le=2**32 - 1)  # numpy's seeds are 32-bit
     val: Val = Field(default_factory=Val)
     rollout: Rollout = Field(default_factory=Rollout)
     loss_agg_mode: LossAggMode = "token-mean"
@@ -389,6 +500,7 @@ class ExperimentSpec(_Frozen):
     backend: Literal["verl", "local"]
     resources: Resources
     trackers: TrackersSetting = None
+    verl: Verl = Field(default_factory=Verl)  # backend verl only: extra overrides and env (see Verl)
 
     @model_validator(mode="before")
     @classmethod
@@ -433,6 +545,10 @@ class ExperimentSpec(_Frozen):
                 "allowed: iterative (the default, which loads nothing)",
                 "reference",
             )
+        if self.backend != "verl" and self.verl != Verl():
+            raise SpecError(
+                f"verl settings have no effect on the {self.backend} backend; allowed: {{}} (or backend verl)", "verl"
+            )
         if self.train_batch_size % self.ppo_mini_batch_size:
             raise SpecError(
                 f"{self.ppo_mini_batch_size} does not divide train_batch_size {self.train_batch_size}; "
@@ -440,12 +556,12 @@ class ExperimentSpec(_Frozen):
                 "ppo_mini_batch_size",
             )
         if self.model_max_length is not None:
-            prompt, response = CONTEXT_LENGTHS[self.context]
+            prompt, response = context_lengths(self.context)
             if prompt + response > self.model_max_length:
                 fits = [c for c, (p, r) in CONTEXT_LENGTHS.items() if p + r <= self.model_max_length]
                 allowed = ", ".join(fits) if fits else "none (raise model_max_length or use a longer-context model)"
                 raise SpecError(
-                    f"{self.context} needs {prompt}+{response} tokens but {self.model} takes "
+                    f"{context_label(self.context)} needs {prompt}+{response} tokens but {self.model} takes "
                     f"{self.model_max_length} (model_max_length); allowed: {allowed}",
                     "context",
                 )
@@ -455,11 +571,11 @@ class ExperimentSpec(_Frozen):
 
     @property
     def max_prompt_length(self) -> int:
-        return CONTEXT_LENGTHS[self.context][0]
+        return context_lengths(self.context)[0]
 
     @property
     def max_response_length(self) -> int:
-        return CONTEXT_LENGTHS[self.context][1]
+        return context_lengths(self.context)[1]
 
     @property
     def loss_name(self) -> str:
@@ -485,12 +601,11 @@ class ExperimentSpec(_Frozen):
 
     def canonical(self) -> dict[str, Any]:
         """The JSON-ready spec, defaults included: what spec.json holds (the run id hashes canonical_json)."""
-        dump = self.model_dump(mode="json")
-        return {k: v for k, v in dump.items() if v or k not in OMITTED_WHEN_EMPTY}
+        return without_empty(self.model_dump(mode="json"))
 
     def canonical_json(self) -> str:
         """What the run id hashes: the canonical spec less NOT_IN_RUN_ID."""
-        identity = {k: v for k, v in self.canonical().items() if k not in NOT_IN_RUN_ID}
+        identity = run_identity(self.canonical())
         # sorted keys, no whitespace; json renders floats with repr, so 1e-4 and 0.0001 agree
         return json.dumps(identity, sort_keys=True, separators=(",", ":"), ensure_ascii=True)
 
@@ -515,10 +630,19 @@ def _label(spec: dict[str, Any]) -> str:
         parts.append(f"clip{_num(clip.get('eps_low'))}_{_num(clip.get('eps_high'))}")
     elif clip is None and "clip" in spec and alg in RPG_ALGORITHMS:
         parts.append("noclip")
-    parts += [str(spec[k]) for k in ("optimizer", "context") if k in spec]
+    parts += [str(spec["optimizer"])] if "optimizer" in spec else []
+    parts += [_context_part(spec["context"])] if "context" in spec else []
     if "seed" in spec:
         parts.append(f"s{spec['seed']}")
     return "-".join(parts)
+
+
+def _context_part(context: Any) -> str:
+    """A run name's context part: "2k", or "64+32" (a value that is not yet valid as it was written)."""
+    try:
+        return context_label(context)
+    except (KeyError, TypeError, ValueError):
+        return str(context)
 
 
 def _num(x: Any) -> str:
@@ -608,7 +732,8 @@ def _count_problems(path: str, mtime_ns: int, size: int) -> ProblemCount | None:
 class SweepSpec(_Frozen):
     """A grid of runs. `include`/`exclude` follow GitHub Actions' matrix rules (see `expand_sweep`)."""
 
-    name: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
+    # a directory name under runs/ (file systems take 255 bytes; run names are added below it)
+    name: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]*$", max_length=MAX_SWEEP_NAME)
     base: dict[str, Any] = Field(default_factory=dict)
     grid: dict[str, list[Any]] = Field(default_factory=dict)
     include: list[dict[str, Any]] = Field(default_factory=list)
@@ -677,9 +802,9 @@ def expand_sweep(sweep: SweepSpec, backend: str | None = None) -> list[Experimen
                     sweep.source,
                     where,
                 )
-        data = _collapse(data, keep=lambda path, explicit=explicit: _written(explicit, path) is not None)
         if backend is not None:
             data["backend"] = backend
+        data = _collapse(data, keep=lambda path, explicit=explicit: _written(explicit, path) is not None)
         try:
             spec = _validate(ExperimentSpec, data)
         except SpecError as e:
@@ -801,6 +926,8 @@ def _collapse(data: dict[str, Any], keep: Any = lambda path: False) -> dict[str,
     if alg == "dapo":
         neutral("beta", 0.0)
         neutral("reference", "iterative")
+    if data.get("backend") == "local":
+        neutral("verl", {})
     return data
 
 
@@ -846,7 +973,8 @@ def _check_field(key: str, value: Any, where: str) -> None:
             raise SpecError(f"unknown field; allowed: {', '.join(_field_names(key))}", where)
         annotation = info.rebuild_annotation()
         is_model = isinstance(annotation, type) and issubclass(annotation, BaseModel)  # has its own config
-        _ADAPTERS[key] = TypeAdapter(annotation, config=None if is_model else ConfigDict(strict=True))
+        config = None if is_model else ConfigDict(strict=True, allow_inf_nan=False)
+        _ADAPTERS[key] = TypeAdapter(annotation, config=config)
     try:
         _ADAPTERS[key].validate_python(value)
     except ValidationError as e:
@@ -925,10 +1053,12 @@ def _from_pydantic(err: dict[str, Any], root: type[BaseModel] | None) -> SpecErr
         "less_than": "< {lt}",
         "less_than_equal": "<= {le}",
         "too_short": "at least {min_length} item(s)",
+        "string_too_long": "at most {max_length} characters",
         "string_pattern_mismatch": "text matching {pattern}",
     }
     if kind in bounds:
-        return SpecError(f"got {got!r}; allowed: {bounds[kind].format(**{k: _num(v) for k, v in ctx.items()})}", path)
+        limits = {k: _num(v) if isinstance(v, float) else v for k, v in ctx.items()}  # 1048576, not 1.04858e+06
+        return SpecError(f"got {got!r}; allowed: {bounds[kind].format(**limits)}", path)
     message = err["msg"].removeprefix("Input should be ")
     return SpecError(f"got {got!r} ({type(got).__name__}); allowed: {message}", path)
 
@@ -995,9 +1125,32 @@ def _read_yaml(path: Path) -> Any:
         where = f"line {mark.line + 1}: " if mark is not None else ""
         problem = getattr(e, "problem", None) or str(e).splitlines()[0]
         raise SpecError(f"{where}invalid YAML ({problem})", source=str(path)) from None
+    if _expanded_size(data) > MAX_YAML_VALUES:
+        raise SpecError(
+            f"its aliases (*name) expand to more than {MAX_YAML_VALUES:,} values; allowed: a spec whose "
+            "anchors are reused a bounded number of times",
+            source=str(path),
+        )
     if "${" in text:  # omegaconf is slow to import; only files that interpolate pay for it
         data = _resolve_interpolations(data, path)
     return data
+
+
+def _expanded_size(data: Any) -> int:
+    """How many values `data` holds with every alias expanded, counted without expanding: PyYAML shares an
+    aliased fragment, but deep copies, validation and JSON would each expand it (nested aliases: 10^9)."""
+    sizes: dict[int, int] = {}
+
+    def size(node: Any) -> int:
+        if not isinstance(node, (dict, list)):
+            return 1
+        if id(node) not in sizes:
+            sizes[id(node)] = MAX_YAML_VALUES + 1  # a fragment that holds itself expands without end
+            children = [*node.keys(), *node.values()] if isinstance(node, dict) else node
+            sizes[id(node)] = min(1 + sum(size(c) for c in children), MAX_YAML_VALUES + 1)
+        return sizes[id(node)]
+
+    return size(data)
 
 
 def _resolve_interpolations(data: Any, path: Path) -> Any:
@@ -1058,7 +1211,7 @@ def val_sampling(spec: dict[str, Any] | None) -> dict[str, Any]:
     length), from its canonical spec as a dict; the defaults where it says nothing (None: no spec)."""
     spec = spec or {}
     val = {**Val().model_dump(), **(spec.get("val") or {})}
-    lengths = CONTEXT_LENGTHS.get(str(spec.get("context", "4k")), CONTEXT_LENGTHS["4k"])
+    lengths = context_lengths(spec.get("context", "4k"))
     return {
         "n": int(val["n"]),
         "temperature": float(val["temperature"]),

@@ -90,6 +90,11 @@ def test_verl_0_9_1_names_the_reference_hook_relies_on():
     fit, step_once = source(trainer_base.PPOTrainer.fit), source(trainer_base.PPOTrainer._step_once)
     assert fit.index("self.on_step_begin()") < fit.index("batch = self.step(metrics, self.timing_raw)")
     assert fit.index("self._compute_metrics(batch") < fit.index("self.logger.log(data=metrics")
+    # verl saves step N before it validates and logs step N (RPGTrainer defers the save past the log), through the
+    # Tracking it builds in fit
+    assert fit.index("self._save_checkpoint()") < fit.index("self._validate()", fit.index("self._save_checkpoint()"))
+    assert fit.index("self._save_checkpoint()") < fit.index("self.logger.log(data=metrics")
+    assert "self.logger = Tracking(" in fit
     assert step_once.index("self._compute_old_log_prob(") < step_once.index("self._compute_ref_log_prob(")
     # the worker class it replaces, the worker groups it calls, the checkpoint folder it writes into
     pool = source(trainer_base.PPOTrainer._init_resource_pool_mgr)
@@ -185,7 +190,7 @@ def test_checkpoints_carry_the_schedule_and_a_reset_reference(tmp_path, monkeypa
         trainer.global_steps = step
         trainer.on_step_begin()
         trainer.reference.observe(0.25 if step == 2 else 0.0)
-    trainer._save_checkpoint()
+    trainer._save_checkpoint_now()
     folder = tmp_path / "global_step_3"
     assert trainer.ref_policy_wg.calls[-1] == ("save_reference", (str(folder / "reference"),))
     assert order == ["verl's save"]  # after rpg's files, so verl's latest-checkpoint marker comes last
@@ -211,8 +216,39 @@ def test_a_frozen_reference_is_neither_saved_nor_loaded(tmp_path, monkeypatch):
     trainer = trainer_shell("frozen")
     trainer.config = OmegaConf.create({"trainer": {"default_local_dir": str(tmp_path), "resume_mode": "auto"}})
     trainer.global_steps = 5
-    trainer._save_checkpoint()
+    trainer._save_checkpoint_now()
     assert trainer.ref_policy_wg.calls == [] and (tmp_path / "global_step_5" / "rpg_reference.json").exists()
+
+
+def test_a_steps_checkpoint_is_saved_after_its_metrics_are_logged(tmp_path, monkeypatch):
+    """verl asks for step N's checkpoint before it logs step N: a job killed in between would resume after N
+    with N's metrics written nowhere. RPGTrainer saves only once the step is logged."""
+    from omegaconf import OmegaConf
+    from verl.trainer.ppo.v1.trainer_base import PPOTrainer
+
+    order = []
+    monkeypatch.setattr(PPOTrainer, "_save_checkpoint", lambda self: order.append(("save", self.global_steps)))
+
+    class Tracking:
+        def log(self, data, step, backend=None):
+            order.append(("log", step))
+
+        def finish(self):
+            order.append("finish")
+
+    trainer = trainer_shell("frozen")
+    trainer.config = OmegaConf.create({"trainer": {"default_local_dir": str(tmp_path), "resume_mode": "auto"}})
+    trainer.logger = Tracking()  # as verl's fit() does
+    trainer.global_steps = 0
+    trainer.logger.log(data={"val": 1.0}, step=0)  # validation before training: nothing to save
+    for step in (1, 2):
+        trainer.global_steps = step
+        if step == 2:
+            trainer._save_checkpoint()  # verl's loop, before validation and the log
+            assert order[-1] == ("log", 1)
+        trainer.logger.log(data={"loss": 0.5}, step=step)
+    trainer.logger.finish()
+    assert order == [("log", 0), ("log", 1), ("log", 2), ("save", 2), "finish"]
 
 
 # ---------------------------------------------------------------- the pieces of the worker and the hook

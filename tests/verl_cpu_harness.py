@@ -11,7 +11,7 @@ update_actor, plus rpg's reference reset, checkpoints and the trainer hook that 
 response tokens stand in for vLLM rollouts. It writes what it measured to OUT_JSON; the test module asserts.
 
 Stand-ins, all here and none in the package (each is why verl cannot run on a CPU as shipped):
-- a CPU platform registered with verl's platform hook `set_platform`, and VERL_ENGINE_DEVICE=cuda so that
+- a CPU platform (tests/verl_cpu_platform.py) set with verl's platform hook `set_platform`, and VERL_ENGINE_DEVICE=cuda so that
   verl's engine registry hands out its FSDP engine (registered for cuda/npu only);
 - a gloo process group of world size 1 (verl would ask for NCCL);
 - attn_implementation=sdpa (verl's default is flash_attention_2);
@@ -29,7 +29,6 @@ import os
 import socket
 import sys
 import time
-from contextlib import contextmanager
 from pathlib import Path
 
 STARTED = time.perf_counter()
@@ -55,121 +54,8 @@ os.environ.update(
 
 import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
-from verl.plugin.platform import PlatformBase, set_platform  # noqa: E402
-
-
-class _CPUDeviceModule:
-    """torch.cpu, plus the memory and RNG calls verl makes on its device module."""
-
-    def __getattr__(self, name):
-        return getattr(torch.cpu, name)
-
-    def is_available(self):
-        return True
-
-    def current_device(self):
-        return torch.device("cpu")
-
-    def device_count(self):
-        return 1
-
-    def get_device_name(self, *args):
-        return "CPU"  # verl's flops counter: an unknown device, no MFU
-
-    def set_device(self, *args):
-        pass
-
-    def synchronize(self, *args, **kwargs):
-        pass
-
-    def empty_cache(self):
-        pass
-
-    def max_memory_allocated(self, *args, **kwargs):
-        return 0
-
-    max_memory_reserved = memory_allocated = memory_reserved = max_memory_allocated
-
-    def mem_get_info(self, *args, **kwargs):
-        return 0, 0
-
-    def set_per_process_memory_fraction(self, *args, **kwargs):
-        pass
-
-    def get_rng_state(self, *args, **kwargs):
-        return torch.get_rng_state()
-
-    def set_rng_state(self, state, *args, **kwargs):
-        torch.set_rng_state(state)
-
-    def manual_seed(self, seed):
-        torch.manual_seed(seed)
-
-    manual_seed_all = manual_seed
-
-
-class CPUPlatform(PlatformBase):
-    device_name = "cpu"
-    vendor_name = "cpu"
-    device_module = _CPUDeviceModule()
-
-    def is_available(self):
-        return True
-
-    def current_device(self):
-        return torch.device("cpu")  # FSDP's device_id: the CPU
-
-    def device_count(self):
-        return 1
-
-    def set_device(self, device_index):
-        pass
-
-    def synchronize(self, device_index=None):
-        pass
-
-    def manual_seed(self, seed):
-        torch.manual_seed(seed)
-
-    manual_seed_all = manual_seed
-
-    def set_allocator_settings(self, settings):
-        pass
-
-    def empty_cache(self):
-        pass
-
-    def get_device_capability(self, device_index=0):
-        return None, None
-
-    def communication_backend_name(self):
-        return "gloo"
-
-    def visible_devices_envvar(self):
-        return "CUDA_VISIBLE_DEVICES"
-
-    @contextmanager
-    def nvtx_range(self, msg):
-        yield
-
-    def profiler_start(self):
-        pass
-
-    def profiler_stop(self):
-        pass
-
-    def ray_resource_name(self):
-        return "CPU"
-
-    def ray_noset_envvars(self):
-        return []
-
-    def is_ipc_supported(self):
-        return False
-
-    def cudart(self):
-        return None
-
+from verl.plugin.platform import set_platform  # noqa: E402
+from verl_cpu_platform import CPUPlatform  # noqa: E402
 
 set_platform(CPUPlatform())
 torch.set_num_threads(1)  # a model of 75k parameters: more threads only compete with the rest of the suite

@@ -103,8 +103,27 @@ def sweep(
         typer.echo(json.dumps(rows, indent=2))
     else:
         _print_sweep_plan(plans, states, retry_failed)
+    _print_elsewhere(plans, states, db)
     if _print_checks(plans, states, retry_failed):
         raise typer.Exit(2)
+
+
+def _print_elsewhere(plans: list, states: dict[str, str], db: str) -> None:
+    """One line on stderr per other sweep that already has some of these runs (a copied sweep file)."""
+    from rpg_cli.orchestration.plan import recorded_elsewhere
+
+    try:
+        elsewhere = recorded_elsewhere(db, plans, states)
+    except Exception:  # the states could not be read either: said above
+        return
+    for home, counts in elsewhere.items():
+        how = ", ".join(f"{n} {state}" for state, n in sorted(counts.items()))
+        what = "succeeded" if set(counts) == {"succeeded"} else f"recorded ({how})"
+        warn(
+            "sweep",
+            f"{sum(counts.values())} run(s) already {what} in sweep {home}: a run is its spec, not its "
+            f"sweep's name, so they are not run again and their files stay in {home}'s directory",
+        )
 
 
 def _print_checks(plans: list, states: dict[str, str], retry_failed: bool) -> bool:
@@ -122,6 +141,7 @@ def _print_sweep_plan(plans: list, states: dict[str, str], retry_failed: bool) -
     from rich.table import Table
 
     from rpg_cli.orchestration.plan import summarize, validation_costs
+    from rpg_cli.spec import context_label
 
     table = Table(title=f"sweep {plans[0].sweep}" if plans else "sweep", show_lines=False)
     for column in ("name", "id", "algorithm", "kl", "clip", "optimizer", "context", "seed", "state"):
@@ -136,7 +156,7 @@ def _print_sweep_plan(plans: list, states: dict[str, str], retry_failed: bool) -
             p.spec["kl"],
             clip_text,
             p.spec["optimizer"],
-            p.spec["context"],
+            context_label(p.spec["context"]),
             str(p.spec["seed"]),
             states[p.id],
         )
@@ -161,6 +181,8 @@ def _print_sweep_plan(plans: list, states: dict[str, str], retry_failed: bool) -
             f"{every} steps and at the last)",
             highlight=False,
         )
+    for block, runs in _verl_blocks(plans).items():
+        console.print(f"verl ({runs} runs): {block}", highlight=False, soft_wrap=True)
     for line, runs in _scoring_lines(plans).items():
         console.print(f"{line} ({runs} runs)", highlight=False)
 
@@ -175,6 +197,23 @@ def _scoring_lines(plans: list) -> dict[str, int]:
         kwargs = p.spec.get("chat_template_kwargs") or {}
         line += "; chat template: " + (", ".join(f"{k}={v!r}" for k, v in kwargs.items()) or "the tokenizer's defaults")
         lines[line] = lines.get(line, 0) + 1
+    return lines
+
+
+def _verl_blocks(plans: list) -> dict[str, int]:
+    """Each distinct `verl` block of the plans, as one line, with how many runs carry it."""
+    lines: dict[str, int] = {}
+    for p in plans:
+        block = p.spec.get("verl") or {}
+        parts = [
+            f"{field} {' '.join(block[field])}" + (" (run id)" if field == "overrides" else "")
+            for field in ("overrides", "site")
+            if block.get(field)
+        ]
+        parts += [f"env {' '.join(f'{k}={v}' for k, v in block['env'].items())}"] if block.get("env") else []
+        if parts:
+            line = "; ".join(parts)
+            lines[line] = lines.get(line, 0) + 1
     return lines
 
 

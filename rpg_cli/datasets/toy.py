@@ -32,8 +32,10 @@ EOS, PAD, UNK = "<|endoftext|>", "<|pad|>", "<|unk|>"
 # "Answer" is one token so that the answer form is short; everything else is one character.
 TOKENS = ["Answer", ":", " ", "+", "=", "\n", *"0123456789"]
 CHAT_TEMPLATE = "{% for message in messages %}{{ message['content'] }}{% endfor %}"
+# head_dim = 64 / 2 = 32: vLLM's CPU attention takes head sizes 32, 64, 80, ... (16 is refused), so the verl
+# end-to-end test rolls this model out with a real vLLM engine
 MODEL_SHAPE = dict(
-    hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2
+    hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=2, num_key_value_heads=1
 )
 # The position limit also caps the response budget (the trainer stays within it): an answer takes 5
 # tokens, so a policy that forgets to stop costs a few dozen tokens, not the spec's 2048.

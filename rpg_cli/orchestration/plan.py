@@ -10,7 +10,7 @@ through one module, `rpg_cli.backends.<name>.launch`:
     preflight(spec) -> [Finding]          optional: what can be checked of a run before a GPU is paid for
                                           (data, model, prompt lengths; rpg_cli/inputs.py); the dry run
                                           shows it, a real submission refuses a sweep with an error
-    check_install()                       optional: raise RuntimeError (one line) before any submission
+    check_install({run name: entrypoint}) optional: raise RuntimeError (one line) before any submission
     failure_reason(log_tail) -> str       optional: one line for a failed job (default: its last error)
 
 Pure Python: no torch, ray or verl.
@@ -112,6 +112,21 @@ def known_states(db_url: str, plans: list[RunPlan]) -> dict[str, str]:
 
     states = run_states(db_url, [p.id for p in plans])
     return {p.id: states.get(p.id, NEW) for p in plans}
+
+
+def recorded_elsewhere(db_url: str, plans: list[RunPlan], states: dict[str, str]) -> dict[str, Counter]:
+    """{other sweep: Counter of states} of the plans the store already has under another sweep's name: a
+    run is its spec (its id ignores the sweep's name), so a sweep file copied under a new `name:` re-runs
+    nothing and its runs stay in the directory of the sweep that created them."""
+    from rpg_cli.store.light import run_sweeps
+
+    homes = run_sweeps(db_url, [p.id for p in plans if states.get(p.id, NEW) != NEW])
+    out: dict[str, Counter] = {}
+    for plan in plans:
+        home = homes.get(plan.id)
+        if home is not None and home != plan.sweep:
+            out.setdefault(home, Counter())[states[plan.id]] += 1
+    return out
 
 
 @dataclass(frozen=True)

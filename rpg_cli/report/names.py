@@ -57,7 +57,11 @@ def model_name(spec: dict[str, Any]) -> str:
 
 
 def context_name(spec: dict[str, Any]) -> str:
-    return str(spec.get("context", "?")).upper()
+    """"2K" as the paper writes it, or "64+32" for explicit token budgets."""
+    from rpg_cli.spec import context_label
+
+    context = spec.get("context")
+    return "?" if context is None else context_label(context).upper()
 
 
 def _variant_fields(spec: dict[str, Any]) -> dict[str, Any]:

@@ -16,26 +16,53 @@ import sys
 
 from rpg_cli.rundir import failure_line, last_error_line
 
+# stdin: a JSON list of [run name, overrides]; each is composed into verl's ppo_trainer config and validated as
+# main_ppo validates it (verl's own check of what the spec's `verl` block adds, before a GPU is paid for)
 _PROBE = """
-import sys
+import json, sys
 import verl
 from verl.trainer.ppo.core_algos import POLICY_LOSS_REGISTRY
 from rpg_cli.algorithms import LOSS_NAMES
 plugin = sys.argv[1]
 missing = [n for n in LOSS_NAMES if getattr(POLICY_LOSS_REGISTRY.get(n), "__module__", "") != plugin]
-print("missing:" + ",".join(missing) if missing else "ok")
+if missing:
+    sys.exit(print("missing:" + ",".join(missing)))
+runs = json.load(sys.stdin)
+if runs:
+    from pathlib import Path
+    from hydra import compose, initialize_config_dir
+    from verl.trainer.ppo.utils import need_critic, need_reference_policy
+    from verl.utils.config import validate_config
+    with initialize_config_dir(str(Path(verl.__file__).parent / "trainer" / "config"), version_base=None):
+        for name, overrides in runs:
+            try:
+                cfg = compose(config_name="ppo_trainer", overrides=overrides)
+                validate_config(cfg, use_reference_policy=need_reference_policy(cfg), use_critic=need_critic(cfg))
+            except Exception as exc:
+                text = " ".join(str(exc).split())
+                sys.exit(print(f"config:{name}: verl's config refuses its overrides: {text[:400]}"))
+print("ok")
 """
 
 
-def check_plugin_loads(plugin_module: str, python: str | None = None, timeout_s: float = 120.0) -> None:
+def check_plugin_loads(
+    plugin_module: str,
+    python: str | None = None,
+    timeout_s: float = 120.0,
+    configs: dict[str, list[str]] | None = None,
+) -> None:
     """Raise RuntimeError (one line) unless a fresh `python` importing verl the way a job does
     (VERL_USE_EXTERNAL_MODULES=`plugin_module`, from the runtime_env) sees every rpg policy loss
-    registered by that module."""
+    registered by that module, and verl composes and validates each run's overrides in `configs`
+    (run name -> Hydra overrides)."""
+    import json
+
     environment = {**os.environ, "VERL_USE_EXTERNAL_MODULES": plugin_module}
     try:
         done = subprocess.run(
             [python or sys.executable, "-c", _PROBE, plugin_module],
             env=environment,
+            input=json.dumps(list((configs or {}).items())),
             capture_output=True,
             text=True,
             timeout=timeout_s,
@@ -45,6 +72,8 @@ def check_plugin_loads(plugin_module: str, python: str | None = None, timeout_s:
             f"the verl plugin check did not finish in {timeout_s:.0f} s (importing verl hangs?)"
         ) from None
     out = done.stdout.strip().splitlines()
+    if out and out[-1].startswith("config:"):
+        raise RuntimeError(out[-1].removeprefix("config:"))
     if done.returncode != 0 or not out:
         raise RuntimeError(
             f"the rpg verl plugin does not load: {last_error_line(done.stderr) or 'no output'}; "

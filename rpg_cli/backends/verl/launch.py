@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 from rpg_cli import rundir
 from rpg_cli.backends.verl import diagnose
 from rpg_cli.inputs import Finding, check_run
-from rpg_cli.spec import Every, SpecError, count_problems
+from rpg_cli.spec import Every, SpecError, count_problems, override_key
 from rpg_cli.trackers import verl_env, verl_loggers
 
 # the spec's KL-loss estimators -> verl 0.9.1's kl_loss_type (core_algos.kl_penalty_forward), which
@@ -48,9 +48,12 @@ KL_IN_REWARD = ("reinforce_pp", "reinforce_pp_baseline")
 KL_IN_LOSS = ("rpg", "rpg_reinforce", "grpo")
 
 
+ENTRYPOINT = ("python", "-m", "verl.trainer.main_ppo")
+
+
 def entrypoint(spec: ExperimentSpec, run_dir: Path) -> list[str]:
     """The job's command line: verl's PPO entry point and one Hydra override per argument."""
-    return ["python", "-m", "verl.trainer.main_ppo", *overrides(spec, run_dir)]
+    return [*ENTRYPOINT, *overrides(spec, run_dir)]
 
 
 def resources(spec: ExperimentSpec) -> tuple[float, float]:
@@ -64,8 +67,12 @@ def env(spec: ExperimentSpec, run_dir: Path) -> dict[str, str]:
     metrics into the run directory, and what verl's tracking.py reads for the spec's trackers (W&B
     group/tags/id, TENSORBOARD_DIR, MLflow's URI). Their one home: verl's own ray.init runtime_env must
     not repeat them (Ray 2.60 fails the job: "Failed to merge the Job's runtime env")."""
+    extra = dict(spec.verl.env)
+    # modules the spec names load first (a platform must be registered before rpg's plugin imports verl's workers)
+    modules = [m for m in extra.pop("VERL_USE_EXTERNAL_MODULES", "").split(",") if m.strip()]
     return {
-        "VERL_USE_EXTERNAL_MODULES": PLUGIN_MODULE,
+        **extra,
+        "VERL_USE_EXTERNAL_MODULES": ",".join([*modules, PLUGIN_MODULE]),
         "VERL_FILE_LOGGER_PATH": str(rundir.metrics_path(Path(run_dir).absolute())),
         **verl_env(spec, run_dir),
     }
@@ -76,9 +83,12 @@ def preflight(spec: ExperimentSpec) -> list[Finding]:
     return check_run(spec)
 
 
-def check_install() -> None:
-    """Before any verl run is submitted: the plugin must load in a fresh interpreter (RuntimeError if not)."""
-    diagnose.check_plugin_loads(PLUGIN_MODULE)
+def check_install(entrypoints: dict[str, list[str]] | None = None) -> None:
+    """Before any verl run is submitted: the plugin must load in a fresh interpreter, and verl's own config
+    must take each run's overrides (run name -> `entrypoint`), the spec's `verl` block included
+    (RuntimeError, one line, if not)."""
+    configs = {name: argv[len(ENTRYPOINT) :] for name, argv in (entrypoints or {}).items()}
+    diagnose.check_plugin_loads(PLUGIN_MODULE, configs=configs)
 
 
 failure_reason = diagnose.failure_reason  # one line for a failed job, from the tail of its log
@@ -256,7 +266,23 @@ def overrides(spec: ExperimentSpec, run_dir: Path) -> list[str]:
     values.update(reference_overrides(spec))
     # env(spec) is the job's runtime_env only: Ray hands a job's runtime_env to every task and actor of the
     # job, and refuses a ray.init whose runtime_env repeats one of its keys (even with the same value)
-    return [f"{key}={_hydra_value(value)}" for key, value in values.items()]
+    return _with_spec_overrides([f"{key}={_hydra_value(value)}" for key, value in values.items()], spec)
+
+
+def _with_spec_overrides(generated: list[str], spec: ExperimentSpec) -> list[str]:
+    """The generated overrides, then the spec's `verl.overrides` (which may replace one of them: they are
+    part of the run id) and `verl.site` (which may not: they are not), each passed on as written."""
+    replaced = {override_key(item) for item in spec.verl.overrides}
+    taken = {override_key(item) for item in generated}
+    for item in spec.verl.site:
+        if override_key(item) in taken:
+            raise SpecError(
+                f"{override_key(item)} is generated from the spec's fields (see --dry-run); allowed: a key rpg does "
+                "not set, or the same override in verl.overrides (part of the run id)",
+                "verl.site",
+            )
+    kept = [item for item in generated if override_key(item) not in replaced]
+    return [*kept, *spec.verl.overrides, *spec.verl.site]
 
 
 def reference_overrides(spec: ExperimentSpec) -> dict[str, Any]:

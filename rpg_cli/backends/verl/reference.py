@@ -17,6 +17,11 @@ points (the overrides select them: `trainer.v1.trainer_mode=rpg`, see `launch.re
   (`rpg_cli.algorithms.kl.reference_kl` of old_log_probs and ref_log_prob) feeds the KL trigger; `ref/resets`,
   `ref/steps_since_reset`, `ref/kl`, `ref/kl_ema` go to metrics.jsonl with the step's other metrics.
 
+Checkpoints follow the step's metrics: verl 0.9.1 saves step N's checkpoint before it validates and logs step
+N, so a job that dies in between resumes at step N + 1 and step N's metrics are never written anywhere (found by
+the end-to-end test). `RPGTrainer` saves once the step is logged; a job that dies in between re-runs the step,
+and the store keeps the latest value of each (step, metric).
+
 Resume: a checkpoint (`global_step_N/`) also holds the schedule's state (`rpg_reference.json`) and, once the
 reference has been reset (so it is neither the initial model nor the current one), its weights
 (`reference/`, one shard file per rank, like verl's own model shards); `_load_checkpoint` restores both, so
@@ -199,9 +204,27 @@ class RPGTrainer(PPOTrainerSync):
             # nothing reads: verl starts no worker for it, and its KL is not measured
             metrics.update(self.reference.metrics(global_steps))
 
-    # -- resume ----------------------------------------------------------------------------
+    # -- checkpoints after the step's metrics ------------------------------------------------
+
+    @property
+    def logger(self):
+        return self.__dict__.get("_tracking")
+
+    @logger.setter
+    def logger(self, tracking):
+        # verl builds its Tracking in fit(): the step's checkpoint waits for the step's log (module doc)
+        self.__dict__["_tracking"] = _SaveAfterLog(tracking, self._save_requested) if tracking is not None else None
 
     def _save_checkpoint(self):
+        self.__dict__["_save_pending"] = True  # verl's loop asks before the step is logged: done after it
+
+    def _save_requested(self):
+        if self.__dict__.pop("_save_pending", False):
+            self._save_checkpoint_now()
+
+    # -- resume ----------------------------------------------------------------------------
+
+    def _save_checkpoint_now(self):
         # before verl's save, which writes the latest-checkpoint marker last: a crash in between leaves the
         # previous checkpoint the latest
         folder = os.path.join(self.config.trainer.default_local_dir, f"global_step_{self.global_steps}")
@@ -238,3 +261,17 @@ class RPGTrainer(PPOTrainerSync):
         else:
             folder = os.path.join(trainer.default_local_dir, f"global_step_{self.global_steps}")
         return folder if os.path.isabs(folder) else os.path.join(os.getcwd(), folder)
+
+
+class _SaveAfterLog:
+    """verl's Tracking, which then saves the checkpoint verl asked for during the step just logged."""
+
+    def __init__(self, tracking, save):
+        self._tracking, self._save = tracking, save
+
+    def log(self, data, step, backend=None):
+        self._tracking.log(data=data, step=step, backend=backend)
+        self._save()
+
+    def __getattr__(self, name):
+        return getattr(self._tracking, name)

@@ -1,0 +1,117 @@
+"""verl 0.9.1's whole loop, as a user runs it: `rpg sweep --address` on a Ray head, vLLM (its CPU build) rolling
+out, FSDP training, rewards, old and reference log-probs, the weight sync back to vLLM, validation, rpg's
+reference resets, checkpoints and verl's file logger; a job killed after a checkpoint and resumed by `rpg sweep
+--retry-failed`; then `rpg eval --engine vllm` and `rpg report`. What stands in for a GPU is in stand_ins.py.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from rpg_cli.store import open_store
+
+# rollout/actor probability gap (verl's training/rollout_probs_diff_max) with the weights synced: bf16 noise
+SYNCED_GAP = 0.03
+
+
+def store(workdir: Path):
+    return open_store(f"sqlite:///{workdir / 'runs' / 'results.db'}")
+
+
+def run_of(workdir: Path, algorithm: str, sweep: str = "e2e"):
+    db = store(workdir)
+    try:
+        (run,) = [r for r in db.runs() if r.spec["algorithm"] == algorithm and r.sweep == sweep]
+        return run, *db.run_history(run.id)
+    finally:
+        db.close()
+
+
+def steps_with(metrics: dict[int, dict], key: str) -> list[int]:
+    return sorted(step for step, values in metrics.items() if key in values)
+
+
+@pytest.fixture(scope="module")
+def first_sweep(run_rpg, ray_head):
+    """The sweep's three cells; the RPG-REINFORCE job dies after its step-4 checkpoint, so the sweep fails."""
+    return run_rpg("sweep", "e2e.yaml", "--address", ray_head)
+
+
+@pytest.fixture(scope="module")
+def resumed(run_rpg, ray_head, first_sweep):
+    return run_rpg("sweep", "e2e.yaml", "--address", ray_head, "--retry-failed")
+
+
+def test_grpo_and_dapo_train_validate_and_checkpoint(workdir, first_sweep):
+    assert "succeeded 2" in first_sweep.stdout and "failed 1" in first_sweep.stdout, first_sweep.stdout[-3000:]
+    for algorithm in ("grpo", "dapo"):
+        run, metrics, evals = run_of(workdir, algorithm)
+        assert run.status == "succeeded", (algorithm, run.error)
+        assert steps_with(metrics, "actor/pg_loss") == [1, 2]
+        assert {e["step"] for e in evals if e["scorer"] == "verl-val" and e["metric"] == "mean@k"} == {0, 2}
+        assert (run.run_dir / "checkpoints" / "global_step_2" / "actor" / "huggingface").is_dir()
+    _, grpo, _ = run_of(workdir, "grpo")
+    assert all(grpo[step]["actor/kl_loss"] >= 0 for step in (1, 2))  # the frozen reference's clamped k3 (>= 0)
+
+
+def test_the_killed_job_is_a_failed_run_with_its_metrics_through_the_checkpoint(workdir, first_sweep):
+    run, metrics, _ = run_of(workdir, "rpg_reinforce")
+    assert run.status == "failed" and run.error, run
+    # the checkpoint of step 4 is written after step 4's metrics (rpg's trainer): none is lost
+    assert steps_with(metrics, "actor/pg_loss") == [1, 2, 3, 4]
+    assert (run.run_dir / "checkpoints" / "global_step_4" / "reference").is_dir()  # reset at step 4, so saved
+
+
+def test_retry_resumes_from_the_checkpoint_with_its_reference_and_loses_no_row(workdir, resumed):
+    assert resumed.returncode == 0, resumed.stdout[-3000:] + resumed.stderr[-3000:]
+    run, metrics, evals = run_of(workdir, "rpg_reinforce")
+    assert run.status == "succeeded" and run.attempts == 2
+    # verl's file logger starts the file over: the resumed attempt logged from step 4 on (validation first)
+    first = json.loads(run.metrics_path.read_text().splitlines()[0])
+    assert first["step"] == 4 and "actor/pg_loss" not in first["data"]
+    assert steps_with(metrics, "actor/pg_loss") == [1, 2, 3, 4, 5]  # every step once (the store's key)
+    assert {e["step"] for e in evals if e["scorer"] == "verl-val" and e["metric"] == "mean@k"} == {0, 2, 4, 5}
+    ref = {step: {k: v for k, v in metrics[step].items() if k.startswith("ref/")} for step in range(1, 6)}
+    assert [ref[s]["ref/resets"] for s in range(1, 6)] == [0, 0, 0, 1, 1]  # reset before step 4 (every 3)
+    assert ref[4]["ref/kl"] == 0.0  # right after the reset the reference is the sampling policy
+    # resumed with the saved schedule and reference: one step since the reset, a KL to that reference
+    assert ref[5]["ref/steps_since_reset"] == 1 and ref[5]["ref/kl"] > 0
+
+
+def test_every_update_reaches_vllm(workdir, run_rpg, ray_head, resumed):
+    """verl measures how far vLLM's sampling probabilities are from the trained actor's on the same tokens:
+    small after every update, and large when vLLM is made to keep the initial weights."""
+    for algorithm in ("rpg_reinforce", "grpo", "dapo"):
+        _, metrics, _ = run_of(workdir, algorithm)
+        gaps = [values["training/rollout_probs_diff_max"] for values in metrics.values() if values]
+        gaps = [g for g in gaps if g is not None]
+        assert gaps and max(gaps) < SYNCED_GAP, (algorithm, gaps)
+    control = run_rpg("sweep", "control.yaml", "--address", ray_head)
+    assert control.returncode == 0, control.stdout[-3000:] + control.stderr[-3000:]
+    _, metrics, _ = run_of(workdir, "rpg_reinforce", sweep="e2e-control")
+    stale = metrics[3]["training/rollout_probs_diff_max"]
+    assert stale > 3 * SYNCED_GAP, metrics[3]
+
+
+def test_rpg_eval_samples_through_vllm_and_the_report_keeps_its_own_section(workdir, run_rpg, ray_head, resumed):
+    run, _, _ = run_of(workdir, "rpg_reinforce")
+    done = run_rpg("eval", run.id, "--engine", "vllm", "-b", "data/toy/val.parquet", "--address", ray_head)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    _, _, evals = run_of(workdir, "rpg_reinforce")
+    ours = [e for e in evals if e["scorer"] != "verl-val" and e["metric"] == "mean@k"]
+    assert [(e["step"], e["benchmark"], e["n"]) for e in ours] == [(5, "toy_add", 2)]
+    db = store(workdir)
+    try:
+        protocol = {name: ours[0][name] for name in ("n", "temperature", "top_p", "max_tokens", "seed")}
+        samples = db.stored_samples(run.id, 5, "toy_add", ours[0]["scorer"], protocol)
+    finally:
+        db.close()
+    assert len(samples) == 18 and all(len(s) == 2 for s in samples.values())  # every problem, every sample
+    mean = sum(correct for s in samples.values() for _, correct in s) / 36
+    assert ours[0]["value"] == pytest.approx(mean)
+    table = run_rpg("report", "--table", "--sweep", "e2e")
+    assert table.returncode == 0, table.stderr
+    assert "rpg eval" in table.stdout and "validation" in table.stdout, table.stdout
