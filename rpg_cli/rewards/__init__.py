@@ -18,8 +18,7 @@ from __future__ import annotations
 
 import atexit
 import threading
-from collections.abc import Mapping
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from rpg_cli.benchmarks import SCORERS, scorer_for
