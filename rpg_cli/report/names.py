@@ -57,7 +57,7 @@ def model_name(spec: dict[str, Any]) -> str:
 
 
 def context_name(spec: dict[str, Any]) -> str:
-    """"2K" as the paper writes it, or "64+32" for explicit token budgets."""
+    """ "2K" as the paper writes it, or "64+32" for explicit token budgets."""
     from rpg_cli.spec import context_label
 
     context = spec.get("context")
