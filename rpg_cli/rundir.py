@@ -41,9 +41,6 @@ JOB_LOG = "job.log"
 CHECKPOINTS_DIR = "checkpoints"
 EVAL_DIR = "eval"
 RESTART_KEY = "restart"  # metrics.jsonl: a resumed attempt's first line (restart_line)
-REWARD_KEY = "critic/score/mean"  # the metrics.jsonl key that `rpg runs` and the sweep view show as reward
-# a run whose loss or gradient norm is logged non-finite has stopped learning: it fails, never "succeeds"
-DIVERGED_KEYS = ("actor/pg_loss", "actor/grad_norm")
 
 
 def diverged(step: int, what: str) -> str:

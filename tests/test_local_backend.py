@@ -22,7 +22,7 @@ REPO = Path(__file__).resolve().parents[1]
 # Every metric the issue names, in every training step's line.
 REQUIRED = (
     "actor/pg_loss",
-    "actor/kl_loss",
+    "actor/rpg_kl",  # the KL term of rpg's loss (a separate KL loss is actor/kl_loss, only where the spec has one)
     "actor/entropy",
     "actor/pg_clipfrac",
     "actor/ppo_kl",
@@ -391,6 +391,43 @@ def test_the_seed_reaches_the_prompt_order_and_the_sampler(toy, tmp_path):
 
     assert first_batch(0) == first_batch(0)
     assert first_batch(0) != first_batch(1)
+
+
+def test_a_local_runs_metrics_carry_every_name_the_report_reads(toy, tmp_path):
+    """The metric-name contract (rpg_cli.metrics) from the writer's side: a tiny run's metrics.jsonl,
+    ingested, gives every default plot panel, the reward and validation columns of `rpg runs`, and every
+    name both backends promise on each training step."""
+    from types import SimpleNamespace
+
+    from rpg_cli import metrics
+    from rpg_cli.report import runs_summary
+    from rpg_cli.report.plots import DEFAULT_PLOT_METRICS, plot_panels
+    from rpg_cli.store import open_store
+
+    run_dir = tmp_path / "sw" / "run"
+    spec = write_spec(run_dir, toy, steps=2, save_every=2, val={"n": 2, "every": 1, "temperature": 1.0, "top_p": 1.0})
+    assert run_trainer(str(spec)) == 0
+    lines = read_metrics(run_dir)
+    assert [line["step"] for line in lines] == [0, 1, 2]
+    for line in lines[1:]:
+        missing = sorted(metrics.EMITTED_BY_BOTH - set(line["data"]))
+        assert not missing, f"step {line['step']} lacks {missing}"
+    assert set(metrics.DIVERGED_KEYS) <= metrics.EMITTED_BY_BOTH  # the store's failure check always has its keys
+
+    store = open_store(f"sqlite:///{tmp_path / 'results.db'}")
+    try:
+        plan = SimpleNamespace(
+            id="r1", name="run", sweep="sw", backend="local", spec=json.loads(spec.read_text()), run_dir=run_dir
+        )
+        store.record_plan(plan)
+        store.ingest_metrics("r1", run_dir / "metrics.jsonl")
+        panels = {p.key for p in plot_panels(store, ["r1"], DEFAULT_PLOT_METRICS)}  # strict: none may be missing
+        (row,) = runs_summary(store)
+    finally:
+        store.close()
+    wanted = {metrics.REWARD, metrics.ENTROPY, metrics.RESPONSE_LENGTH, metrics.RPG_KL, metrics.REF_KL, metrics.REF_AGE}
+    assert wanted <= panels and any(metrics.VAL_KEY_RE.match(key) for key in panels)
+    assert row["reward"] == lines[-1]["data"][metrics.REWARD] and row["val"] is not None
 
 
 def test_kl_target_resets_the_reference_logs_ref_metrics_and_resumes_exactly(toy, tmp_path, capsys):

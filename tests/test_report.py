@@ -567,13 +567,13 @@ def test_plot_figure_has_one_line_per_method_with_its_band(store, curves):
 
 
 def test_plot_bands_stay_within_what_a_metric_can_be():
-    from rpg_cli.report.plots import band_bounds
+    from rpg_cli.metrics import bounds
 
-    assert band_bounds("actor/entropy") == (0.0, None) and band_bounds("ref/kl") == (0.0, None)
-    assert band_bounds("val-core/aime2025/acc/mean@32") == (0.0, 1.0)
-    assert band_bounds("val-core/aime2025/reward/mean@32") == (None, None)  # a score may be negative
-    assert band_bounds("critic/score/mean") == (None, 1.0)  # +-1 scores, shaping only subtracts
-    assert band_bounds("actor/kl_loss") == (None, None) and band_bounds("actor/ppo_kl") == (None, None)
+    assert bounds("actor/entropy") == (0.0, None) and bounds("ref/kl") == (0.0, None)
+    assert bounds("val-core/aime2025/acc/mean@32") == (0.0, 1.0)
+    assert bounds("val-core/aime2025/reward/mean@32") == (None, None)  # a score may be negative
+    assert bounds("critic/score/mean") == (None, 1.0)  # +-1 scores, shaping only subtracts
+    assert bounds("actor/kl_loss") == (None, None) and bounds("actor/ppo_kl") == (None, None)
 
 
 def test_plot_smoothing_is_a_trailing_moving_average(store, curves):

@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from rpg_cli import rundir
+from rpg_cli.metrics import REWARD
 from rpg_cli.orchestration.head import (
     DEFAULT_RUNS_DIR,
     ClusterError,
@@ -70,7 +71,7 @@ def progress(store: Store, sweep: str, run_ids: Iterable[str]) -> SweepProgress:
     records = store.runs(ids=list(run_ids))
     ids = [r.id for r in records]
     steps = store.last_steps(ids)
-    rewards = store.latest_values(ids, [rundir.REWARD_KEY])
+    rewards = store.latest_values(ids, [REWARD])
     return SweepProgress(
         sweep,
         tuple(
@@ -80,7 +81,7 @@ def progress(store: Store, sweep: str, run_ids: Iterable[str]) -> SweepProgress:
                 r.status,
                 r.attempts,
                 steps.get(r.id),
-                rewards.get(r.id, {}).get(rundir.REWARD_KEY, (None, None))[1],
+                rewards.get(r.id, {}).get(REWARD, (None, None))[1],
                 r.error,
             )
             for r in records

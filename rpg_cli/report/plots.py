@@ -12,9 +12,22 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from rpg_cli.metrics import (
+    ENTROPY,
+    KL_LOSS,
+    PPO_KL,
+    REF_AGE,
+    REF_KL,
+    RESPONSE_LENGTH,
+    REWARD,
+    RPG_KL,
+    VAL_KEY_RE,
+    axis_label,
+    bounds,
+)
 from rpg_cli.report.names import BENCHMARK_ORDER, method_sort_key, run_labels
-from rpg_cli.report.scores import VAL_KEY_RE, ReportError, pick_val_keys, select_runs, val_keys
-from rpg_cli.rundir import REWARD_KEY, write_atomic
+from rpg_cli.report.scores import ReportError, pick_val_keys, select_runs, val_keys
+from rpg_cli.rundir import write_atomic
 from rpg_cli.stats import BAND_MEANING, curve_band
 
 if TYPE_CHECKING:
@@ -22,42 +35,17 @@ if TYPE_CHECKING:
 
     from rpg_cli.store import Store
 
-# Panel name -> the verl keys it shows, first one any run logged wins (so one panel never mixes two).
+# Panel name -> the metrics it shows (rpg_cli.metrics), first one any run logged wins (so one panel never
+# mixes two). The kl panel: the separate KL loss, else the loss's own KL term, else ppo_kl (DAPO has neither).
 PLOT_METRICS: dict[str, tuple[str, ...]] = {
-    "reward": (REWARD_KEY,),
-    "entropy": ("actor/entropy",),
-    "response_length": ("response_length/mean",),
-    "kl": ("actor/kl_loss", "actor/ppo_kl"),
-    "reference_kl": ("ref/kl",),
-    "reference_age": ("ref/steps_since_reset",),
-}
-PLOT_LABELS = {
-    REWARD_KEY: "reward (mean score)",
-    "actor/entropy": "entropy",
-    "response_length/mean": "response length (tokens)",
-    "actor/kl_loss": "KL loss",
-    "actor/ppo_kl": "KL(π_old ‖ π) (ppo_kl)",
-    "ref/kl": "KL(π_old ‖ π_ref), token mean of k3",
-    "ref/steps_since_reset": "steps since the reference was reset",
+    "reward": (REWARD,),
+    "entropy": (ENTROPY,),
+    "response_length": (RESPONSE_LENGTH,),
+    "kl": (KL_LOSS, RPG_KL, PPO_KL),
+    "reference_kl": (REF_KL,),
+    "reference_age": (REF_AGE,),
 }
 DEFAULT_PLOT_METRICS = ("reward", "entropy", "response_length", "kl", "reference_kl", "reference_age", "val")
-# The range a metric cannot leave, which its band is cut to (stats.curve_band). The KL-loss and ppo_kl
-# panels have none: a k1 estimate can be negative.
-PLOT_BOUNDS: dict[str, tuple[float | None, float | None]] = {
-    REWARD_KEY: (None, 1.0),  # rpg's scorers give +1 or -1; overlong shaping only subtracts
-    "actor/entropy": (0.0, None),
-    "response_length/mean": (0.0, None),
-    "ref/kl": (0.0, None),  # a token mean of k3 >= 0
-    "ref/steps_since_reset": (0.0, None),
-}
-
-
-def band_bounds(key: str) -> tuple[float | None, float | None]:
-    """The range of a plotted key: PLOT_BOUNDS, and [0, 1] for a validation accuracy."""
-    stat = VAL_KEY_RE.match(key)
-    if stat is not None and stat["var"] == "acc":
-        return (0.0, 1.0)
-    return PLOT_BOUNDS.get(key, (None, None))
 
 
 @dataclass
@@ -87,7 +75,7 @@ def plot_panels(store: Store, run_ids: Sequence[str], metrics: Sequence[str], st
         if key is None:
             missing.append(name)
         else:
-            panels.append(Panel(name.replace("_", " "), key, PLOT_LABELS.get(key, key)))
+            panels.append(Panel(name.replace("_", " "), key, axis_label(key)))
     if missing and (strict or not panels):
         raise ReportError(
             f"nothing logged for {', '.join(missing)}; plottable: " + ", ".join(sorted(_plottable(store, run_ids)))
@@ -155,7 +143,7 @@ def plot_training(
             if not curves:
                 continue
             color = colors(i % colors.N)
-            band = curve_band(curves, bounds=band_bounds(panel.key))
+            band = curve_band(curves, bounds=bounds(panel.key))  # the range its metric cannot leave
             seeds = f" ({len(curves)} seeds)" if len(curves) > 1 else ""
             ax.plot(band.steps, band.mean, label=label + seeds, color=color, linewidth=1.6)
             ax.fill_between(band.steps, band.low, band.high, color=color, alpha=0.2, linewidth=0)

@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from rpg_cli.benchmarks import benchmark_name
+from rpg_cli.metrics import VAL_CORE, VAL_KEY_RE
 from rpg_cli.store.ingest import VERL_VAL_SCORER
 
 if TYPE_CHECKING:
@@ -33,9 +34,6 @@ def select_runs(store: Store, sweep: str | None = None) -> list[RunRecord]:
 
 
 _METRIC_RE = re.compile(r"^(mean|pass|maj)(?:@(k|\d+))?$")
-# verl: val-core/<data_source>/<var>/mean@N and maj@N/mean. Its best@N is a bootstrap estimate, biased
-# low, so it is never shown as pass@k: pass@k comes from `rpg eval` only.
-VAL_KEY_RE = re.compile(r"^val-core/(?P<source>.+)/(?P<var>[^/]+)/(?P<stat>mean|maj)@(?P<k>\d+)(?:/mean)?$")
 # Under VERL_VAL_SCORER the store keeps the validation scores a run logged itself, with verl's metric names.
 _VERL_VAL_METRICS = {"mean@k": "mean", "maj@k/mean": "maj"}
 
@@ -138,7 +136,7 @@ def _eval_combos(store: Store, run_ids: Sequence[str]) -> set[tuple[str, int, st
 
 def val_keys(store: Store, run_ids: Sequence[str]) -> list[str]:
     """Every val-core/... key logged by any of the runs."""
-    return store.metric_keys(run_ids, "val-core/")
+    return store.metric_keys(run_ids, f"{VAL_CORE}/")
 
 
 def _val_combos(store: Store, run_ids: Sequence[str]) -> set[tuple[str, int]]:

@@ -11,8 +11,8 @@ from collections.abc import Sequence
 from datetime import datetime, timezone
 from typing import TYPE_CHECKING, Any
 
+from rpg_cli.metrics import REWARD
 from rpg_cli.report.scores import ReportError, pick_val_keys, val_keys
-from rpg_cli.rundir import REWARD_KEY
 from rpg_cli.states import LIVE
 
 if TYPE_CHECKING:
@@ -159,12 +159,12 @@ def runs_summary(
     ids = [r.id for r in runs]
     steps = store.last_steps(ids) if ids else {}
     val = pick_val_keys(val_keys(store, ids), "mean", None) if ids else {}
-    latest = store.latest_values(ids, [REWARD_KEY, *val]) if ids else {}
+    latest = store.latest_values(ids, [REWARD, *val]) if ids else {}
     now = now or datetime.now(timezone.utc).replace(tzinfo=None)
     out = []
     for r in runs:
         values = latest.get(r.id, {})
-        reward = values.get(REWARD_KEY, (None, None))[1]
+        reward = values.get(REWARD, (None, None))[1]
         vals = [values[k][1] for k in val if k in values and values[k][1] is not None]
         end = r.finished_at or (now if r.status in LIVE else None)
         wall = (end - r.started_at).total_seconds() if r.started_at and end else None

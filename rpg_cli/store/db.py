@@ -25,6 +25,7 @@ from typing import Any, Protocol
 import sqlalchemy as sa
 
 from rpg_cli import rundir
+from rpg_cli.metrics import DIVERGED_KEYS
 from rpg_cli.states import STATUSES, TERMINAL
 from rpg_cli.store import migrations
 from rpg_cli.store.ingest import (
@@ -427,7 +428,7 @@ class Store(Queries):
             sa.select(m.step, m.key, m.value)
             .where(
                 m.run_id == run_id,
-                m.key.in_(rundir.DIVERGED_KEYS),
+                m.key.in_(DIVERGED_KEYS),
                 sa.or_(m.value.is_(None), m.value > big, m.value < -big),
             )
             .order_by(m.step, m.key)

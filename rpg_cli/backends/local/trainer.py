@@ -40,6 +40,29 @@ from rpg_cli.backends.local import checkpoint as ckpt
 from rpg_cli.backends.local.data import batch_indices, load_problems
 from rpg_cli.backends.local.preflight import BackendError, Plan
 from rpg_cli.backends.local.rollout import Problem, Rollouts, concat, eos_ids, generate, score_rollouts, token_log_probs
+from rpg_cli.metrics import (
+    ADVANTAGES,
+    DIVERGED_KEYS,
+    ENTROPY,
+    EPOCH,
+    GLOBAL_STEP,
+    GRAD_NORM,
+    KL_LOSS,
+    LR,
+    PG_LOSS,
+    PROMPT_LENGTH,
+    RESPONSE_CLIPPED,
+    RESPONSE_LENGTH,
+    REWARD,
+    REWARDS,
+    STEP_TIME,
+    THROUGHPUT,
+    TOKENS,
+    VAL_AUX,
+    VAL_CORE,
+    loss_metrics,
+    val_key,
+)
 from rpg_cli.spec import Every, ReferenceTracker
 from rpg_cli.trackers import TrackerError
 from rpg_cli.trackers.writers import open_run
@@ -146,12 +169,12 @@ class Trainer:
                 t = time.perf_counter()
                 metrics.update(self.validate())
                 metrics["timing_s/testing"] = time.perf_counter() - t
-            metrics["timing_s/step"] = time.perf_counter() - started
-            metrics["perf/time_per_step"] = metrics["timing_s/step"]
-            metrics["perf/throughput"] = metrics["perf/total_num_tokens"] / metrics["timing_s/step"]
+            metrics[STEP_TIME] = time.perf_counter() - started
+            metrics["perf/time_per_step"] = metrics[STEP_TIME]
+            metrics[THROUGHPUT] = metrics[TOKENS] / metrics[STEP_TIME]
             # the line goes first: a crash before the checkpoint is renamed into place redoes the step
             self.log_metrics(step, metrics)
-            for key in rundir.DIVERGED_KEYS:  # no checkpoint of weights a NaN has reached
+            for key in DIVERGED_KEYS:  # no checkpoint of weights a NaN has reached
                 if not math.isfinite(metrics.get(key, 0.0)):
                     raise BackendError(rundir.diverged(step, f"{key} is {metrics[key]}"))
             if not bool(torch.stack([p.isfinite().all() for p in self.model.parameters()]).all()):
@@ -159,9 +182,9 @@ class Trainer:
             if step % spec.save_every == 0 or step == spec.steps:
                 self.save(step)
             log(
-                f"step {step}/{spec.steps} score {metrics['critic/score/mean']:+.3f} "
-                f"pg_loss {metrics['actor/pg_loss']:+.4f} {metrics['timing_s/step']:.2f}s"
-                + "".join(f" {k} {v:.3f}" for k, v in metrics.items() if k.startswith("val-core/"))
+                f"step {step}/{spec.steps} score {metrics[REWARD]:+.3f} "
+                f"pg_loss {metrics[PG_LOSS]:+.4f} {metrics[STEP_TIME]:.2f}s"
+                + "".join(f" {k} {v:.3f}" for k, v in metrics.items() if k.startswith(f"{VAL_CORE}/"))
             )
         if self.trackers is not None:
             self.trackers.close()
@@ -214,8 +237,8 @@ class Trainer:
             **timing,
             **self.reference.metrics(step),
             "train/num_gen_batches": float(batch.gen_batches),
-            "training/global_step": float(step),
-            "training/epoch": float(self.gen_batches * spec.train_batch_size // len(self.train_problems)),
+            GLOBAL_STEP: float(step),
+            EPOCH: float(self.gen_batches * spec.train_batch_size // len(self.train_problems)),
         }
 
     # ------------------------------------------------------------------ pieces of a step
@@ -331,6 +354,7 @@ class Trainer:
                     entropy_mean = aggregate(entropy, part.response_mask.bool(), spec.loss_agg_mode)
                     if spec.entropy_coeff:
                         loss = loss - spec.entropy_coeff * entropy_mean
+                    kl_loss = None
                     if spec.kl_loss is not None:  # toward the frozen model, or pi_old for the iterative reference
                         reference = old_log_prob[micro] if ref_log_prob is None else ref_log_prob[micro]
                         kl_value = kl_penalty_loss(
@@ -341,26 +365,18 @@ class Trainer:
                             loss_agg_mode=spec.loss_agg_mode,
                         )
                         loss = loss + spec.kl_loss.coef * kl_value
-                        m["kl"] = float(kl_value.detach())
+                        kl_loss = float(kl_value.detach())
                     (loss * weight).backward()
-                    record(
-                        sums,
-                        {
-                            "actor/pg_loss": m["pg_loss"],
-                            "actor/kl_loss": m.get("kl", 0.0),
-                            "actor/ppo_kl": m["ppo_kl"],
-                            "actor/pg_clipfrac": m["clipfrac"],
-                            "actor/pg_clipfrac_lower": m["clipfrac_dual"],
-                            "actor/ratio_mean": m["ratio_mean"],
-                            "actor/entropy": float(entropy_mean.detach()),
-                        },
-                    )
+                    values = {**loss_metrics(m), ENTROPY: float(entropy_mean.detach())}
+                    if kl_loss is not None:  # as on verl, only where the spec has one
+                        values[KL_LOSS] = kl_loss
+                    record(sums, values)
                 grad_norm = float(torch.nn.utils.clip_grad_norm_(self.model.parameters(), spec.grad_clip))
                 if math.isfinite(grad_norm):  # verl skips the step on a non-finite gradient
                     self.optimizer.step()
-                record(sums, {"actor/grad_norm": grad_norm})
+                record(sums, {GRAD_NORM: grad_norm})
         out = {k: sum(v) / len(v) for k, v in sums.items()}
-        out["actor/lr"] = lr
+        out[LR] = lr
         return out
 
     def validate(self) -> dict[str, float]:
@@ -374,8 +390,8 @@ class Trainer:
         for source in sorted(set(sources)):
             rows = torch.tensor([s == source for s in sources])
             k = spec.val.n
-            out[f"val-core/{source}/acc/mean@{k}"] = float(acc[rows].mean())
-            out[f"val-aux/{source}/score/mean@{k}"] = float(scores[rows].mean())
+            out[val_key(source, k)] = float(acc[rows].mean())
+            out[val_key(source, k, "score", VAL_AUX)] = float(scores[rows].mean())
             out[f"val-aux/{source}/response_length/mean"] = float(
                 r.response_mask[rows.to(self.device)].sum(-1).float().mean()
             )
@@ -463,24 +479,24 @@ def batch_metrics(batch: Batch, rewards: torch.Tensor, advantages: torch.Tensor,
     prompt_length = r.prompt_mask.sum(-1).float()
     valid_adv = advantages[mask]
     out = {
-        "critic/score/mean": batch.scores.mean(),
+        REWARD: batch.scores.mean(),
         "critic/score/max": batch.scores.max(),
         "critic/score/min": batch.scores.min(),
-        "critic/rewards/mean": rewards.mean(),
+        REWARDS: rewards.mean(),
         "critic/rewards/max": rewards.max(),
         "critic/rewards/min": rewards.min(),
-        "critic/advantages/mean": valid_adv.mean(),
+        ADVANTAGES: valid_adv.mean(),
         "critic/advantages/max": valid_adv.max(),
         "critic/advantages/min": valid_adv.min(),
         "train/acc/mean": batch.acc.mean(),
-        "response_length/mean": length.mean(),
+        RESPONSE_LENGTH: length.mean(),
         "response_length/max": length.max(),
         "response_length/min": length.min(),
-        "response_length/clip_ratio": (length >= budget).float().mean(),
-        "prompt_length/mean": prompt_length.mean(),
+        RESPONSE_CLIPPED: (length >= budget).float().mean(),
+        PROMPT_LENGTH: prompt_length.mean(),
         "prompt_length/max": prompt_length.max(),
         "prompt_length/min": prompt_length.min(),
-        "perf/total_num_tokens": length.sum() + prompt_length.sum(),
+        TOKENS: length.sum() + prompt_length.sum(),
     }
     return {k: float(v) for k, v in out.items()}
 

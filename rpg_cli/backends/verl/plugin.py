@@ -33,6 +33,7 @@ from verl.trainer.ppo.core_algos import POLICY_LOSS_REGISTRY, register_policy_lo
 from verl.workers.config import PolicyLossConfig
 
 from rpg_cli.algorithms import LOSS_NAMES, policy_loss
+from rpg_cli.metrics import PG_LOSS, loss_metrics
 
 # modules that bind verl's ppo_loss by name (`from verl.workers.utils.losses import ppo_loss`)
 _PPO_LOSS_USERS = ("verl.workers.utils.losses", "verl.workers.engine_workers", "verl.trainer.distillation.losses")
@@ -138,9 +139,8 @@ def global_batch_scale(loss_agg_mode: str, response_mask: torch.Tensor, info: di
 
 
 def _verl_metrics(metrics: dict[str, float]) -> dict[str, float]:
-    """verl's metric names where it has one (pg_clipfrac, ppo_kl, pg_clipfrac_lower = the dual clip)."""
-    renamed = {"clipfrac": "pg_clipfrac", "clipfrac_dual": "pg_clipfrac_lower", "kl": "rpg_kl"}
-    return {f"actor/{renamed.get(k, k)}": v for k, v in metrics.items() if k != "pg_loss"}
+    """The loss's metrics under their logged names (rpg_cli.metrics), less the loss, which verl logs itself."""
+    return {k: v for k, v in loss_metrics(metrics).items() if k != PG_LOSS}
 
 
 def _register(name: str) -> None:

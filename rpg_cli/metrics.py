@@ -1,0 +1,166 @@
+"""Metric names: the contract between the backends that write metrics.jsonl, the store and report that
+read it, and the trackers that carry it as it is. Standard library only.
+
+verl 0.9.1 names most of these (checked in its source: trainer/ppo/metric_utils.py, workers/utils/
+losses.py, trainer/ppo/v1/trainer_base.py); the local backend writes the same names for the same
+quantities, the verl plugin writes rpg's own (`actor/rpg_kl`), and `ref/*` come from the reference
+schedule both backends run. Each metric has its meaning, when it is logged, and the range it cannot
+leave (a plot's band is cut to it). A backend may log more (verl does); these are the ones promised.
+
+`EMITTED_BY_BOTH` is what every training step's line carries on either backend, whatever the spec: a
+test checks a metrics.jsonl against it.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+EVERY_STEP = "every training step"
+
+
+@dataclass(frozen=True)
+class Metric:
+    key: str
+    meaning: str
+    low: float | None = None  # the range the value cannot leave (None: unbounded that side)
+    high: float | None = None
+    when: str = EVERY_STEP  # when it is logged: every training step, or the condition
+    label: str | None = None  # a plot's axis label (default: the key)
+
+    @property
+    def bounds(self) -> tuple[float | None, float | None]:
+        return (self.low, self.high)
+
+
+# the update (actor/*): token aggregates by the spec's loss_agg_mode, means over the step's mini-batches
+PG_LOSS = "actor/pg_loss"
+PPO_KL = "actor/ppo_kl"
+CLIPFRAC = "actor/pg_clipfrac"
+CLIPFRAC_DUAL = "actor/pg_clipfrac_lower"
+ENTROPY = "actor/entropy"
+GRAD_NORM = "actor/grad_norm"
+LR = "actor/lr"
+KL_LOSS = "actor/kl_loss"
+RPG_KL = "actor/rpg_kl"
+# the batch (critic/*, lengths)
+REWARD = "critic/score/mean"
+REWARDS = "critic/rewards/mean"
+ADVANTAGES = "critic/advantages/mean"
+RESPONSE_LENGTH = "response_length/mean"
+RESPONSE_CLIPPED = "response_length/clip_ratio"
+PROMPT_LENGTH = "prompt_length/mean"
+# time and progress
+STEP_TIME = "timing_s/step"
+THROUGHPUT = "perf/throughput"
+TOKENS = "perf/total_num_tokens"
+GLOBAL_STEP = "training/global_step"
+EPOCH = "training/epoch"
+# the reference schedule (ReferenceTracker)
+REF_RESETS = "ref/resets"
+REF_AGE = "ref/steps_since_reset"
+REF_KL = "ref/kl"
+REF_KL_EMA = "ref/kl_ema"
+
+_REFERENCE = "the reference is tracked: iterative or reset (every/kl_target), or a frozen one a loss reads"
+
+METRICS: dict[str, Metric] = {
+    m.key: m
+    for m in (
+        Metric(PG_LOSS, "the policy loss (rpg_cli.algorithms.policy_loss), the value minimised"),
+        Metric(
+            PPO_KL,
+            "token mean of log pi_old - log pi_theta: k1 of KL(pi_old || pi_theta), can be < 0",
+            label="KL(π_old ‖ π) (ppo_kl)",
+        ),
+        Metric(CLIPFRAC, "fraction of response tokens whose ratio was clipped (high or low)", 0.0, 1.0),
+        Metric(CLIPFRAC_DUAL, "fraction of response tokens the dual clip (c) bounded", 0.0, 1.0),
+        Metric(ENTROPY, "token mean of the policy's entropy on the step's responses", 0.0, label="entropy"),
+        Metric(GRAD_NORM, "gradient norm before clipping (non-finite: the run diverged)", 0.0),
+        Metric(LR, "the optimizer's learning rate", 0.0),
+        Metric(
+            KL_LOSS,
+            "the separate KL loss toward pi_ref (spec kl_loss), before its coefficient; k1 can be < 0",
+            when="the spec has a kl_loss (verl also logs it, at coefficient 0, when its ref worker runs)",
+            label="KL loss",
+        ),
+        Metric(
+            RPG_KL,
+            "token mean of the KL term inside rpg's policy loss, before beta",
+            when="the loss has a KL term (kl is not none)",
+            label="KL term of the loss",
+        ),
+        Metric(
+            REWARD,
+            "mean sequence score of the step's rollouts: the scorer's +1/-1, overlong shaping subtracts",
+            high=1.0,
+            label="reward (mean score)",
+        ),
+        Metric(REWARDS, "mean sequence reward: the score less the KL-in-reward penalty (REINFORCE++)"),
+        Metric(ADVANTAGES, "mean advantage over the response tokens"),
+        Metric(RESPONSE_LENGTH, "mean response length in tokens", 0.0, label="response length (tokens)"),
+        Metric(RESPONSE_CLIPPED, "fraction of responses cut at the response length", 0.0, 1.0),
+        Metric(PROMPT_LENGTH, "mean prompt length in tokens", 0.0),
+        Metric(STEP_TIME, "wall time of the step, seconds", 0.0),
+        Metric(THROUGHPUT, "tokens (prompt and response) per second (per GPU on verl)", 0.0),
+        Metric(TOKENS, "tokens (prompt and response) of the step's batch", 0.0),
+        Metric(GLOBAL_STEP, "the training step", 1.0),
+        Metric(EPOCH, "passes over the training data begun", 0.0),
+        Metric(REF_RESETS, "times pi_ref was reset to the policy so far", 0.0, when=_REFERENCE),
+        Metric(
+            REF_AGE,
+            "steps since pi_ref was reset (how far pi_old is ahead of it)",
+            0.0,
+            when=_REFERENCE,
+            label="steps since the reference was reset",
+        ),
+        Metric(
+            REF_KL,
+            "token mean of k3(pi_ref / pi_old) on the step's batch; 0 for the iterative reference",
+            0.0,
+            when=_REFERENCE,
+            label="KL(π_old ‖ π_ref), token mean of k3",
+        ),
+        Metric(REF_KL_EMA, "moving average of ref/kl (the kl_target trigger)", 0.0, when=_REFERENCE),
+    )
+}
+
+# rpg_cli.algorithms.policy_loss's metrics -> their names here; its others go under actor/ as they are
+_LOSS_NAMES = {"pg_loss": PG_LOSS, "ppo_kl": PPO_KL, "clipfrac": CLIPFRAC, "clipfrac_dual": CLIPFRAC_DUAL, "kl": RPG_KL}
+
+
+def loss_metrics(values: dict[str, float]) -> dict[str, float]:
+    """policy_loss's metrics under their logged names (both backends: the same names for the same values)."""
+    return {_LOSS_NAMES.get(key, f"actor/{key}"): value for key, value in values.items()}
+
+
+EMITTED_BY_BOTH: frozenset[str] = frozenset(k for k, m in METRICS.items() if m.when == EVERY_STEP)
+# a run whose loss or gradient norm is logged non-finite has stopped learning: it fails, never "succeeds"
+DIVERGED_KEYS = (PG_LOSS, GRAD_NORM)
+
+# Validation, at validation steps: `val-core/<data source>/acc/mean@<n>` is the accuracy of n samples per
+# problem (verl's core variable `acc` at its largest n), in [0, 1]; verl also logs maj@N/mean and best@N/mean,
+# and val-aux/... (other variables, smaller N). Its best@N is a bootstrap estimate, biased low: never pass@k.
+VAL_CORE = "val-core"
+VAL_AUX = "val-aux"
+VAL_KEY_RE = re.compile(r"^val-core/(?P<source>.+)/(?P<var>[^/]+)/(?P<stat>mean|maj)@(?P<k>\d+)(?:/mean)?$")
+
+
+def val_key(source: str, n: int, var: str = "acc", section: str = VAL_CORE) -> str:
+    """`<section>/<data source>/<var>/mean@<n>`: the mean over n samples per problem, as verl names it."""
+    return f"{section}/{source}/{var}/mean@{n}"
+
+
+def bounds(key: str) -> tuple[float | None, float | None]:
+    """The range a logged value cannot leave: the contract's, [0, 1] for a validation accuracy."""
+    stat = VAL_KEY_RE.match(key)
+    if stat is not None and stat["var"] == "acc":
+        return (0.0, 1.0)
+    metric = METRICS.get(key)
+    return metric.bounds if metric is not None else (None, None)
+
+
+def axis_label(key: str) -> str:
+    """A plot's axis label for `key` (the key itself when the contract has none)."""
+    metric = METRICS.get(key)
+    return metric.label or key if metric is not None else key
