@@ -19,7 +19,8 @@ from rpg_cli.orchestration.plan import plan_sweep
 from rpg_cli.rundir import write_spec
 from rpg_cli.spec import ExperimentSpec, SpecError, SweepSpec, load_sweep
 from rpg_cli.store import open_store
-from rpg_cli.trackers import axis_tags, cell_id, plan_trackers, verl_env, verl_loggers, wandb_run_id
+from rpg_cli.trackers import TRACKERS, axis_tags, cell_id, plan_trackers, verl_env, verl_loggers
+from rpg_cli.trackers.wandb import wandb_run_id
 
 REPO = Path(__file__).resolve().parents[1]
 EXPERIMENTS = REPO / "experiments"
@@ -646,7 +647,7 @@ def test_evals_under_two_protocols_never_share_a_tracker_key():
 
 
 def test_an_offline_reexport_in_the_same_second_replaces_the_earlier_one(tmp_path):
-    from rpg_cli.trackers.export import _drop_earlier_offline_runs
+    from rpg_cli.trackers.wandb import drop_earlier_offline_runs
 
     wandb_dir = tmp_path / "wandb"
     names = [
@@ -657,7 +658,7 @@ def test_an_offline_reexport_in_the_same_second_replaces_the_earlier_one(tmp_pat
     ]
     for name in names:
         (wandb_dir / name).mkdir(parents=True)
-    _drop_earlier_offline_runs(wandb_dir / names[1], "rpg-aaaa1111")
+    drop_earlier_offline_runs(wandb_dir / names[1], "rpg-aaaa1111")
     assert sorted(p.name for p in wandb_dir.iterdir()) == names[1:]
 
 
@@ -716,6 +717,14 @@ def test_export_errors_are_one_line(tmp_path, offline_env, monkeypatch):
         assert len(result.output.strip().splitlines()) == 1 and "hunter2" not in result.output
     missing = CliRunner().invoke(app, ["export", "--to", "wandb", "--db", str(tmp_path / "none.db")])
     assert missing.exit_code == 2 and "no results database" in missing.output
+
+
+def test_the_registry_and_the_specs_trackers_block_name_the_same_trackers():
+    from rpg_cli.spec import TRACKER_NAMES, Trackers
+
+    assert tuple(TRACKERS) == TRACKER_NAMES and set(TRACKER_NAMES) <= set(Trackers.model_fields)
+    for name, tracker in TRACKERS.items():
+        assert tracker.name == name and tracker.library  # the extra rpg-cli[<name>] installs it
 
 
 def test_plan_trackers_without_trackers_is_the_identity(tmp_path):

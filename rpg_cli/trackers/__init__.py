@@ -13,6 +13,12 @@ cell (its spec less the seed), so W&B's and MLflow's grouping draw one band over
 sweep is the W&B job type and a tag `sweep=<name>` (W&B's "group by job type", MLflow's tag `rpg.sweep`),
 and the tags are the values of the fields the sweep varies (`algorithm=rpg`, `clip.eps_high=0.28`).
 
+One module per tracker (wandb.py, tensorboard.py, mlflow.py), each a `base.Tracker`: its library and
+credential variables (the preflight), its defaults (`resolve`), verl's env vars, its live writer and
+its export; `TRACKERS` registers them. The rest is generic: this module (settings, identity, plan-time
+checks, verl's logger entries), `writers` (the local backend's live reporting), `export` (`rpg export`).
+A new tracker: its module, its line in `TRACKERS`, and its settings model in the spec's `Trackers`.
+
 This module is pure Python (no tracker library is imported), so `rpg sweep --dry-run` stays fast.
 Credentials (WANDB_API_KEY, MLFLOW_TRACKING_TOKEN/PASSWORD) are read by the libraries from the
 environment of the process that reports; rpg never reads, passes or writes them. A job's environment is
@@ -27,31 +33,25 @@ import importlib.util
 import json
 import os
 from collections.abc import Mapping
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from rpg_cli.spec import NOT_IN_RUN_ID, TRACKER_NAMES, ExperimentSpec, SpecError, Trackers, run_identity
+from rpg_cli.spec import ExperimentSpec, SpecError, Trackers, run_identity
+from rpg_cli.trackers import mlflow, tensorboard, wandb
+from rpg_cli.trackers.base import RunInfo, Tracker, TrackerError
 
-# tracker -> the module it needs (the extra of the same name installs it)
-MODULES = {"wandb": "wandb", "tensorboard": "tensorboard", "mlflow": "mlflow"}
-WANDB_TAG_CHARS = 64  # W&B refuses longer tags
-
-
-class TrackerError(RuntimeError):
-    """A tracker that cannot be used as asked (not installed, unreachable, no runs); one-line message."""
+# The registry: a tracker is its module (rpg_cli/trackers/<name>.py, a `Tracker`) and its line here.
+TRACKERS: dict[str, Tracker] = {t.name: t for t in (wandb.TRACKER, tensorboard.TRACKER, mlflow.TRACKER)}
+TAG_CHARS = 64  # W&B refuses longer tags
 
 
 def enabled(trackers: Trackers | None) -> list[str]:
-    return [name for name in TRACKER_NAMES if trackers is not None and getattr(trackers, name) is not None]
+    return [name for name in TRACKERS if trackers is not None and getattr(trackers, name) is not None]
 
 
-def not_installed(name: str, tracking_uri: str | None = None) -> str | None:
+def not_installed(name: str, settings: Any = None) -> str | None:
     """Why tracker `name` cannot run in this environment (one line naming the extra), or None."""
-    modules = [MODULES[name]]
-    if name == "mlflow" and _is_database_uri(tracking_uri):
-        modules.append("alembic")  # MLflow's SQL stores (sqlite:, postgresql:, ...) migrate with it
-    for module in modules:
+    for module in TRACKERS[name].libraries(settings):
         if importlib.util.find_spec(module) is None:
             return f"{module} is not installed here; install it with pip install 'rpg-cli[{name}]'"
     return None
@@ -59,9 +59,8 @@ def not_installed(name: str, tracking_uri: str | None = None) -> str | None:
 
 def missing(trackers: Trackers | None) -> tuple[str, str] | None:
     """(tracker, why) for the first enabled tracker whose library is not installed here, or None."""
-    uri = trackers.mlflow.tracking_uri if trackers is not None and trackers.mlflow is not None else None
     for name in enabled(trackers):
-        if (why := not_installed(name, uri)) is not None:
+        if (why := not_installed(name, getattr(trackers, name))) is not None:
             return name, why
     return None
 
@@ -71,20 +70,15 @@ def require(trackers: Trackers | None) -> None:
         raise TrackerError(f"trackers.{found[0]}: {found[1]}")
 
 
-# The variables each tracker's library reads its credentials from, and the Hugging Face Hub's (a model
-# downloaded by any run); a job finds them only in its Ray head's environment.
-CREDENTIAL_VARS = {
-    "wandb": ("WANDB_API_KEY",),
-    "mlflow": ("MLFLOW_TRACKING_TOKEN", "MLFLOW_TRACKING_USERNAME", "MLFLOW_TRACKING_PASSWORD"),
-    "tensorboard": (),
-}
+# The Hugging Face Hub's credential variables (a model downloaded by any run); a job finds them, and each
+# tracker's (Tracker.credential_vars), only in its Ray head's environment.
 HUB_CREDENTIAL_VARS = ("HF_TOKEN", "HUGGING_FACE_HUB_TOKEN")
 
 
 def spec_trackers(spec: Mapping[str, Any]) -> list[str]:
     """The trackers a run's (canonical) spec enables."""
     block = spec.get("trackers")
-    return [name for name in TRACKER_NAMES if isinstance(block, Mapping) and block.get(name) is not None]
+    return [name for name in TRACKERS if isinstance(block, Mapping) and block.get(name) is not None]
 
 
 def credentials_missing_on_head(
@@ -100,7 +94,7 @@ def credentials_missing_on_head(
     wanted = dict.fromkeys(HUB_CREDENTIAL_VARS)
     for spec in specs:
         for name in spec_trackers(spec):
-            wanted.update(dict.fromkeys(CREDENTIAL_VARS.get(name, ())))
+            wanted.update(dict.fromkeys(TRACKERS[name].credential_vars))
     lacking = [var for var in wanted if environ.get(var) and var not in head_names]
     if not lacking:
         return None
@@ -114,11 +108,6 @@ def credentials_missing_on_head(
 
 # ---------------------------------------------------------------------------------------------
 # Identity and grouping
-
-
-def wandb_run_id(run_id: str) -> str:
-    """The W&B run id of an rpg run: the same for the live run, its resumed attempts and `rpg export`."""
-    return f"rpg-{run_id}"
 
 
 def cell_id(spec: Mapping[str, Any]) -> str:
@@ -153,7 +142,7 @@ def _flatten(value: Any, prefix: str = "") -> dict[str, Any]:
 
 def _tag(path: str, value: Any) -> str:
     text = value if isinstance(value, str) else json.dumps(value, separators=(",", ":"))
-    return f"{path}={text}".replace(",", ";")[:WANDB_TAG_CHARS]  # commas separate tags in WANDB_TAGS
+    return f"{path}={text}".replace(",", ";")[:TAG_CHARS]  # commas separate tags in WANDB_TAGS
 
 
 # ---------------------------------------------------------------------------------------------
@@ -170,103 +159,17 @@ def resolve(
     axes: list[str] = (),
     environ: Mapping[str, str] | None = None,
 ) -> Trackers:
-    """`trackers` with group, tags and each tracker's defaults filled in (idempotent).
-
-    Defaults: the W&B entity and mode from WANDB_ENTITY / WANDB_MODE (else the account's default
-    entity, online); TensorBoard under `<runs root>/tensorboard`; MLflow at MLFLOW_TRACKING_URI, else
-    `sqlite:///<runs root>/mlflow.db`. Relative paths become absolute (a job runs in its own directory).
-    """
+    """`trackers` with group, tags and each enabled tracker's defaults filled in (`Tracker.resolve`:
+    from its env vars, under the runs root), relative paths made absolute (a job runs in its own
+    directory). Idempotent."""
     environ = os.environ if environ is None else environ
     update: dict[str, Any] = {
         "group": trackers.group or default_group(spec, name, run_id),
-        "tags": list(dict.fromkeys([f"sweep={sweep}"[:WANDB_TAG_CHARS], *axes, *trackers.tags])),
+        "tags": list(dict.fromkeys([f"sweep={sweep}"[:TAG_CHARS], *axes, *trackers.tags])),
     }
-    if trackers.wandb is not None:
-        mode = trackers.wandb.mode or environ.get("WANDB_MODE")
-        update["wandb"] = trackers.wandb.model_copy(
-            update={
-                "entity": trackers.wandb.entity or environ.get("WANDB_ENTITY") or None,
-                "mode": mode if mode in ("online", "offline") else "online",
-            }
-        )
-    if trackers.tensorboard is not None:
-        root = Path(trackers.tensorboard.dir or Path(runs_root) / "tensorboard").expanduser().absolute()
-        update["tensorboard"] = trackers.tensorboard.model_copy(update={"dir": str(root)})
-    if trackers.mlflow is not None:
-        uri = trackers.mlflow.tracking_uri or environ.get("MLFLOW_TRACKING_URI") or ""
-        if uri and not trackers.mlflow.tracking_uri:
-            _check_env_uri(uri)
-        uri = absolute_uri(uri or f"sqlite:///{Path(runs_root).absolute() / 'mlflow.db'}")
-        update["mlflow"] = trackers.mlflow.model_copy(update={"tracking_uri": uri})
+    for tracker in enabled(trackers):
+        update[tracker] = TRACKERS[tracker].resolve(getattr(trackers, tracker), Path(runs_root), environ)
     return trackers.model_copy(update=update)
-
-
-def _check_env_uri(uri: str) -> None:
-    """MLFLOW_TRACKING_URI as a default is refused if it carries credentials (the spec's own rule: a
-    resolved URI is recorded in spec.json and the store)."""
-    from pydantic import ValidationError
-
-    from rpg_cli.spec import MlflowTracker
-
-    try:
-        MlflowTracker(tracking_uri=uri)
-    except ValidationError as e:
-        raise SpecError(
-            f"MLFLOW_TRACKING_URI: {e.errors()[0]['ctx']['error']}", "trackers.mlflow.tracking_uri"
-        ) from None
-
-
-def absolute_uri(uri: str) -> str:
-    """sqlite:/// and file: URIs (and bare paths, which MLflow reads as a file store) with absolute paths."""
-    if uri.startswith("sqlite:///") and not uri.startswith("sqlite:////"):
-        path = uri.removeprefix("sqlite:///")
-        return f"sqlite:///{Path(path).expanduser().absolute()}" if path and path != ":memory:" else uri
-    if uri.startswith("file:"):
-        path = uri.removeprefix("file://") if uri.startswith("file://") else uri.removeprefix("file:")
-        return Path(path).expanduser().absolute().as_uri()
-    if "://" not in uri and ":" not in uri.split("/")[0]:
-        return Path(uri).expanduser().absolute().as_uri()
-    return uri
-
-
-def _is_database_uri(uri: str | None) -> bool:
-    scheme = (uri or "").split(":", 1)[0].split("+", 1)[0]
-    return scheme in ("sqlite", "postgresql", "mysql", "mssql")
-
-
-def is_file_store(uri: str) -> bool:
-    return uri.startswith("file:")
-
-
-@dataclass(frozen=True)
-class RunInfo:
-    """What a tracker needs of one run: identity, grouping, resolved settings and its config."""
-
-    run_id: str
-    name: str
-    sweep: str
-    spec: dict[str, Any]  # the canonical spec; trackers get it as config, less the trackers block
-    trackers: Trackers  # resolved (see resolve)
-    run_dir: Path
-
-    @property
-    def config(self) -> dict[str, Any]:
-        config = {k: v for k, v in self.spec.items() if k not in NOT_IN_RUN_ID}
-        return {**config, "rpg": {"run_id": self.run_id, "sweep": self.sweep, "group": self.trackers.group}}
-
-    @property
-    def tensorboard_dir(self) -> Path:
-        assert self.trackers.tensorboard is not None and self.trackers.tensorboard.dir is not None
-        return Path(self.trackers.tensorboard.dir) / self.sweep / self.name
-
-    def mlflow_tags(self) -> dict[str, str]:
-        """MLflow has key/value tags: `field=value` tags split, plain ones with an empty value."""
-        tags = {"rpg.run_id": self.run_id, "rpg.sweep": self.sweep, "rpg.group": str(self.trackers.group)}
-        for tag in self.trackers.tags:
-            key, _, value = tag.partition("=")
-            if key != "sweep":  # rpg.sweep already
-                tags.setdefault(mlflow_key(key), value)
-        return tags
 
 
 def run_info(
@@ -287,15 +190,6 @@ def run_info(
     except SpecError as e:  # past plan time: a tracker problem, not a spec one
         raise TrackerError(e.message) from None
     return RunInfo(run_id, name, sweep, dict(spec), resolved, Path(run_dir))
-
-
-def mlflow_key(key: str) -> str:
-    """A metric name as MLflow accepts it, by verl 0.9.1's rule (its MLflow adapter), so both backends'
-    runs carry the same names: `@` -> `_at_`, `//` -> `/`, anything but word chars, `/ . - :` and space -> `_`."""
-    import re
-
-    key = re.sub(r"/+", "/", key.replace("@", "_at_"))
-    return re.sub(r"[^/\w.\- :]", "_", key)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -330,32 +224,13 @@ def verl_loggers(spec: ExperimentSpec) -> list[str]:
 
 def verl_env(spec: ExperimentSpec, run_dir: Path) -> dict[str, str]:
     """The env vars verl 0.9.1's verl/utils/tracking.py (and the libraries it calls) read for the spec's
-    trackers. verl passes W&B only project, name, entity and config, MLflow only the experiment and run
-    name: the group, tags, run id and URIs travel as the libraries' own env vars. No credentials."""
+    trackers (`Tracker.verl_env`): verl passes the libraries only a few settings, the group, tags, run id
+    and URIs travel as their own env vars. No credentials."""
     if spec.trackers is None or not enabled(spec.trackers):
         return {}
     run_dir = Path(run_dir).absolute()
     info = run_info(spec.canonical(), spec.run_id, spec.run_name, run_dir.parent.name, run_dir, spec.trackers)
-    t, env = info.trackers, {}
-    if t.wandb is not None:
-        env.update(
-            {
-                "WANDB_RUN_ID": wandb_run_id(info.run_id),
-                "WANDB_RESUME": "allow",
-                "WANDB_RUN_GROUP": str(t.group),
-                "WANDB_JOB_TYPE": info.sweep,
-                "WANDB_TAGS": ",".join(t.tags),
-                "WANDB_DIR": str(run_dir),
-                "WANDB_MODE": str(t.wandb.mode),
-            }
-        )
-        if t.wandb.entity:
-            env["WANDB_ENTITY"] = t.wandb.entity
-    if t.tensorboard is not None:
-        env["TENSORBOARD_DIR"] = str(info.tensorboard_dir)
-    if t.mlflow is not None:
-        uri = str(t.mlflow.tracking_uri)
-        env.update({"MLFLOW_TRACKING_URI": uri, "MLFLOW_RUN_CONTEXT": json.dumps(info.mlflow_tags(), sort_keys=True)})
-        if is_file_store(uri):
-            env["MLFLOW_ALLOW_FILE_STORE"] = "true"  # MLflow 3 refuses file stores unless asked; the spec asked
+    env: dict[str, str] = {}
+    for name in enabled(info.trackers):
+        env.update(TRACKERS[name].verl_env(info))
     return env

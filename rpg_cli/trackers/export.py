@@ -16,35 +16,25 @@ dir is written aside and swapped in whole.
 from __future__ import annotations
 
 import math
-import os
-import shutil
-import uuid
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from rpg_cli import stats
-from rpg_cli.spec import TRACKER_NAMES, MlflowTracker, TensorBoardTracker, Trackers, WandbTracker
+from rpg_cli.spec import Trackers
 from rpg_cli.store.schema import PROTOCOL
-from rpg_cli.trackers import RunInfo, TrackerError, axis_tags, require, run_info, wandb_run_id
+from rpg_cli.trackers import TRACKERS, axis_tags, require, run_info
+from rpg_cli.trackers.base import ExportOptions, TrackerError
 
 if TYPE_CHECKING:
     from rpg_cli.store import RunRecord, Store
 
+__all__ = ["ExportOptions", "Exported", "eval_metrics", "export", "history", "with_intervals"]
+
 # Evals the store copied from the run's own validation metrics: exported already under their metric names.
 SKIPPED_SCORERS = ("verl-val",)
-
-
-@dataclass(frozen=True)
-class ExportOptions:
-    project: str | None = None  # W&B project / MLflow experiment
-    directory: Path | None = None  # TensorBoard log root; W&B's files dir (<dir>/wandb/)
-    tracking_uri: str | None = None  # MLflow
-    entity: str | None = None  # W&B
-    offline: bool = False  # W&B offline (`wandb sync` uploads it later)
 
 
 @dataclass(frozen=True)
@@ -127,19 +117,7 @@ def history(
 def settings(to: str, run: RunRecord, options: ExportOptions) -> Trackers:
     """The run's own trackers block (if it was tracked live) with `to` switched on and the options applied."""
     base = Trackers.model_validate(run.spec.get("trackers") or {})
-    own = getattr(base, to)
-    if to == "wandb":
-        own = WandbTracker(
-            entity=options.entity or (own.entity if own else None),
-            mode="offline" if options.offline else (own.mode if own else None),
-        )
-    elif to == "tensorboard":
-        own = TensorBoardTracker(dir=str(options.directory) if options.directory else (own.dir if own else None))
-    else:
-        try:
-            own = MlflowTracker(tracking_uri=options.tracking_uri or (own.tracking_uri if own else None))
-        except ValueError as e:  # pydantic's ValidationError: credentials in the URI
-            raise TrackerError(f"--tracking-uri: {e.errors()[0]['ctx']['error']}") from None
+    own = TRACKERS[to].export_settings(getattr(base, to), options)
     return base.model_copy(update={to: own, **({"project": options.project} if options.project else {})})
 
 
@@ -151,8 +129,8 @@ def export(
     on_run: Callable[[Exported], None] | None = None,
 ) -> list[Exported]:
     """Export the runs of `sweep` (all runs when None) to tracker `to`; returns one Exported per run."""
-    if to not in TRACKER_NAMES:
-        raise TrackerError(f"unknown tracker {to!r}; allowed: {', '.join(TRACKER_NAMES)}")
+    if to not in TRACKERS:
+        raise TrackerError(f"unknown tracker {to!r}; allowed: {', '.join(TRACKERS)}")
     runs = store.runs(sweep=sweep)
     if not runs:
         where = f"of sweep {sweep!r} " if sweep else ""
@@ -171,67 +149,14 @@ def export(
             )
             metrics, evals = store.run_history(run.id)
             evals = with_intervals(evals, store.problem_scores([run.id]))
-            result = _export_run(to, info, history(metrics, evals), eval_summary(evals), options)
+            steps = history(metrics, evals)
+            where = (
+                TRACKERS[to].export_run(info, steps, eval_summary(evals), options)
+                if steps
+                else "nothing recorded; skipped"
+            )
+            result = Exported(info.sweep, info.name, len(steps), where)
             done.append(result)
             if on_run is not None:
                 on_run(result)
     return done
-
-
-def _export_run(
-    to: str, info: RunInfo, steps: dict[int, dict[str, float]], summary: dict[str, float], options: ExportOptions
-) -> Exported:
-    from rpg_cli.trackers.writers import TensorBoardWriter, _safe, open_writer
-
-    if not steps:
-        return Exported(info.sweep, info.name, 0, "nothing recorded; skipped")
-    if to == "tensorboard":
-        final = info.tensorboard_dir
-        staging = final.with_name(f".{final.name}.export-{uuid.uuid4().hex[:8]}")
-        try:
-            _write(TensorBoardWriter(staging), steps, summary)
-            _swap_in(staging, final)
-        finally:
-            shutil.rmtree(staging, ignore_errors=True)
-        return Exported(info.sweep, info.name, len(steps), str(final))
-    root = options.directory or info.run_dir.parent.parent  # W&B files: <dir>/wandb/, apart from live runs' own
-    writer = open_writer(to, info, wandb_dir=Path(root), quiet=True)
-    _write(writer, steps, summary)
-    if to == "wandb":
-        if info.trackers.wandb is not None and info.trackers.wandb.mode == "offline":
-            _drop_earlier_offline_runs(writer.files_dir, wandb_run_id(info.run_id))
-            return Exported(info.sweep, info.name, len(steps), str(writer.files_dir))
-        return Exported(info.sweep, info.name, len(steps), str(writer.run.url or writer.run.id))
-    uri = info.trackers.mlflow.tracking_uri if info.trackers.mlflow else ""
-    return Exported(info.sweep, info.name, len(steps), f"{_safe(str(uri))} run {writer.run_id}")
-
-
-def _write(writer: Any, steps: dict[int, dict[str, float]], summary: dict[str, float]) -> None:
-    try:
-        for step, values in steps.items():
-            writer.log(step, values)
-        if summary:
-            writer.summary(summary)
-    finally:
-        writer.close()
-
-
-def _swap_in(staging: Path, final: Path) -> None:
-    """Replace `final` by `staging` with renames only: a reader sees the old run or the new, whole."""
-    final.parent.mkdir(parents=True, exist_ok=True)
-    if not final.exists():
-        os.replace(staging, final)
-        return
-    old = final.with_name(f".{final.name}.old-{uuid.uuid4().hex[:8]}")
-    os.replace(final, old)
-    os.replace(staging, final)
-    shutil.rmtree(old, ignore_errors=True)
-
-
-def _drop_earlier_offline_runs(current: Path, wandb_id: str) -> None:
-    """Offline, W&B writes a new offline-run-<time>-<id> directory per init (with a suffix, -1, ..., when one
-    of that second exists): keep only the newest export."""
-    earlier = [*current.parent.glob(f"offline-run-*-{wandb_id}"), *current.parent.glob(f"offline-run-*-{wandb_id}-*")]
-    for entry in earlier:
-        if entry.is_dir() and entry.resolve() != current.resolve():
-            shutil.rmtree(entry)

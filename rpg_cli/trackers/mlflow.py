@@ -1,0 +1,207 @@
+"""MLflow: the run tagged `rpg.run_id` in the project's experiment, found again rather than duplicated;
+metric names in the form verl's MLflow adapter uses (`mlflow_key`)."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import time
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from rpg_cli.spec import MlflowTracker, SpecError
+from rpg_cli.trackers.base import ExportOptions, RunInfo, Tracker, TrackerError, first_line, numbers
+
+MLFLOW_METRICS_PER_BATCH = 1000  # MLflow's log_batch limits
+MLFLOW_PARAMS_PER_BATCH = 100
+MLFLOW_PARAM_CHARS = 6000
+
+
+def mlflow_key(key: str) -> str:
+    """A metric name as MLflow accepts it, by verl 0.9.1's rule (its MLflow adapter), so both backends'
+    runs carry the same names: `@` -> `_at_`, `//` -> `/`, anything but word chars, `/ . - :` and space -> `_`."""
+    key = re.sub(r"/+", "/", key.replace("@", "_at_"))
+    return re.sub(r"[^/\w.\- :]", "_", key)
+
+
+def run_tags(info: RunInfo) -> dict[str, str]:
+    """MLflow has key/value tags: `field=value` tags split, plain ones with an empty value."""
+    tags = {"rpg.run_id": info.run_id, "rpg.sweep": info.sweep, "rpg.group": str(info.trackers.group)}
+    for tag in info.trackers.tags:
+        key, _, value = tag.partition("=")
+        if key != "sweep":  # rpg.sweep already
+            tags.setdefault(mlflow_key(key), value)
+    return tags
+
+
+def absolute_uri(uri: str) -> str:
+    """sqlite:/// and file: URIs (and bare paths, which MLflow reads as a file store) with absolute paths."""
+    if uri.startswith("sqlite:///") and not uri.startswith("sqlite:////"):
+        path = uri.removeprefix("sqlite:///")
+        return f"sqlite:///{Path(path).expanduser().absolute()}" if path and path != ":memory:" else uri
+    if uri.startswith("file:"):
+        path = uri.removeprefix("file://") if uri.startswith("file://") else uri.removeprefix("file:")
+        return Path(path).expanduser().absolute().as_uri()
+    if "://" not in uri and ":" not in uri.split("/")[0]:
+        return Path(uri).expanduser().absolute().as_uri()
+    return uri
+
+
+def is_database_uri(uri: str | None) -> bool:
+    scheme = (uri or "").split(":", 1)[0].split("+", 1)[0]
+    return scheme in ("sqlite", "postgresql", "mysql", "mssql")
+
+
+def is_file_store(uri: str) -> bool:
+    return uri.startswith("file:")
+
+
+def safe_uri(uri: str) -> str:
+    """A URI fit to print: any user:password@ dropped (MLFLOW_TRACKING_URI may carry one)."""
+    from urllib.parse import urlsplit, urlunsplit
+
+    parts = urlsplit(uri)
+    if "://" in uri and "@" in parts.netloc:
+        return urlunsplit(parts._replace(netloc=parts.netloc.rpartition("@")[2]))
+    return uri
+
+
+def _check_env_uri(uri: str) -> None:
+    """MLFLOW_TRACKING_URI as a default is refused if it carries credentials (the spec's own rule: a
+    resolved URI is recorded in spec.json and the store)."""
+    from pydantic import ValidationError
+
+    try:
+        MlflowTracker(tracking_uri=uri)
+    except ValidationError as e:
+        raise SpecError(
+            f"MLFLOW_TRACKING_URI: {e.errors()[0]['ctx']['error']}", "trackers.mlflow.tracking_uri"
+        ) from None
+
+
+class MlflowWriter:
+    name = "mlflow"
+
+    def __init__(self, info: RunInfo):
+        settings = info.trackers.mlflow
+        assert settings is not None and settings.tracking_uri
+        uri = settings.tracking_uri
+        if is_file_store(uri):
+            os.environ["MLFLOW_ALLOW_FILE_STORE"] = "true"  # MLflow 3 refuses file stores unless asked; the spec asked
+        from mlflow.tracking import MlflowClient
+
+        try:
+            self.client = MlflowClient(tracking_uri=uri)
+            experiment = self._experiment(info.trackers.project)
+            found = self.client.search_runs(
+                [experiment], filter_string=f"tags.`rpg.run_id` = '{info.run_id}'", max_results=1
+            )
+            if found:
+                self.run_id = found[0].info.run_id
+                self.logged = self._logged(found[0].data.metrics)
+            else:
+                self.run_id = self.client.create_run(experiment, run_name=info.name, tags=run_tags(info)).info.run_id
+                self.logged = set()
+                self._params(info.config)
+        except Exception as e:  # unreachable server, bad URI, store errors
+            raise TrackerError(
+                f"trackers.mlflow: cannot open the MLflow run at {safe_uri(uri)} ({first_line(e)})"
+            ) from None
+
+    def _experiment(self, name: str) -> str:
+        found = self.client.get_experiment_by_name(name)
+        if found is not None:
+            return found.experiment_id
+        try:
+            return self.client.create_experiment(name)
+        except Exception:  # another process created it first
+            found = self.client.get_experiment_by_name(name)
+            if found is None:
+                raise
+            return found.experiment_id
+
+    def _logged(self, keys: Mapping[str, Any]) -> set[tuple[str, int]]:
+        return {(key, m.step) for key in keys for m in self.client.get_metric_history(self.run_id, key)}
+
+    def _params(self, config: Mapping[str, Any]) -> None:
+        from mlflow.entities import Param
+
+        params = [Param(k, v[:MLFLOW_PARAM_CHARS]) for k, v in _flat_params(config).items()]
+        for i in range(0, len(params), MLFLOW_PARAMS_PER_BATCH):
+            self.client.log_batch(self.run_id, params=params[i : i + MLFLOW_PARAMS_PER_BATCH])
+
+    def log(self, step: int, data: Mapping[str, Any]) -> None:
+        from mlflow.entities import Metric
+
+        now = int(time.time() * 1000)
+        metrics = []
+        for key, value in numbers(data).items():
+            name = mlflow_key(key)
+            if (name, step) not in self.logged:
+                metrics.append(Metric(name, value, now, step))
+                self.logged.add((name, step))
+        for i in range(0, len(metrics), MLFLOW_METRICS_PER_BATCH):
+            self.client.log_batch(self.run_id, metrics=metrics[i : i + MLFLOW_METRICS_PER_BATCH])
+
+    def summary(self, values: Mapping[str, Any]) -> None:
+        """Nothing: an MLflow metric's latest value is its summary, and every value is logged at its step."""
+
+    def close(self) -> None:
+        self.client.set_terminated(self.run_id)
+
+
+def _flat_params(value: Any, prefix: str = "") -> dict[str, str]:
+    if isinstance(value, dict) and value:
+        out: dict[str, str] = {}
+        for key, item in value.items():
+            out.update(_flat_params(item, f"{prefix}.{key}" if prefix else str(key)))
+        return out
+    return {mlflow_key(prefix): value if isinstance(value, str) else json.dumps(value)}
+
+
+class Mlflow(Tracker):
+    name = "mlflow"
+    library = "mlflow"
+    credential_vars = ("MLFLOW_TRACKING_TOKEN", "MLFLOW_TRACKING_USERNAME", "MLFLOW_TRACKING_PASSWORD")
+
+    def libraries(self, settings: MlflowTracker | None) -> list[str]:
+        # MLflow's SQL stores (sqlite:, postgresql:, ...) migrate with alembic
+        uri = settings.tracking_uri if settings is not None else None
+        return [self.library, "alembic"] if is_database_uri(uri) else [self.library]
+
+    def resolve(self, settings: MlflowTracker, runs_root: Path, environ: Mapping[str, str]) -> MlflowTracker:
+        """The URI: the spec's, else MLFLOW_TRACKING_URI, else `sqlite:///<runs root>/mlflow.db`; paths absolute."""
+        uri = settings.tracking_uri or environ.get("MLFLOW_TRACKING_URI") or ""
+        if uri and not settings.tracking_uri:
+            _check_env_uri(uri)
+        uri = absolute_uri(uri or f"sqlite:///{Path(runs_root).absolute() / 'mlflow.db'}")
+        return settings.model_copy(update={"tracking_uri": uri})
+
+    def verl_env(self, info: RunInfo) -> dict[str, str]:
+        # verl passes MLflow only the experiment and run name: URI and tags travel as env vars
+        assert info.trackers.mlflow is not None
+        uri = str(info.trackers.mlflow.tracking_uri)
+        env = {"MLFLOW_TRACKING_URI": uri, "MLFLOW_RUN_CONTEXT": json.dumps(run_tags(info), sort_keys=True)}
+        if is_file_store(uri):
+            env["MLFLOW_ALLOW_FILE_STORE"] = "true"  # MLflow 3 refuses file stores unless asked; the spec asked
+        return env
+
+    def open_writer(
+        self, info: RunInfo, resumed_after: int | None = None, files_dir: Path | None = None, quiet: bool = False
+    ) -> MlflowWriter:
+        return MlflowWriter(info)
+
+    def export_settings(self, own: MlflowTracker | None, options: ExportOptions) -> MlflowTracker:
+        try:
+            return MlflowTracker(tracking_uri=options.tracking_uri or (own.tracking_uri if own else None))
+        except ValueError as e:  # pydantic's ValidationError: credentials in the URI
+            raise TrackerError(f"--tracking-uri: {e.errors()[0]['ctx']['error']}") from None
+
+    def where(self, info: RunInfo, writer: MlflowWriter) -> str:
+        uri = info.trackers.mlflow.tracking_uri if info.trackers.mlflow else ""
+        return f"{safe_uri(str(uri))} run {writer.run_id}"
+
+
+TRACKER = Mlflow()
