@@ -400,8 +400,8 @@ def test_a_local_runs_metrics_carry_every_name_the_report_reads(toy, tmp_path):
     from types import SimpleNamespace
 
     from rpg_cli import metrics
-    from rpg_cli.report import runs_summary
-    from rpg_cli.report.plots import DEFAULT_PLOT_METRICS, plot_panels
+    from rpg_cli.report import DEFAULT_PLOT_METRICS, runs_summary
+    from rpg_cli.report.plots import plot_panels
     from rpg_cli.store import open_store
 
     run_dir = tmp_path / "sw" / "run"

@@ -671,3 +671,31 @@ def test_footer_shows_the_starting_policy_when_runs_validated_before_training(st
     table = report.build_table(store)
     assert table.sources[-1] == "starting policy (step 0) on Qwen3-4B 4K: aime24 20.0"
     assert row_of(table, "DAPO").cells[("aime24", "last")].mean == 0.6  # Last/Best unchanged by the footer
+
+
+def test_report_options_are_frozen_and_the_cli_declares_their_defaults():
+    """One request is one value, and `rpg report` / `rpg compare` default to what the functions do."""
+    import dataclasses
+
+    import typer.main
+
+    from rpg_cli.cli import app
+
+    options = report.TableOptions()
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        options.metric = "pass@k"
+    assert report.TableOptions(benchmarks=("aime25",)) != options
+    commands = typer.main.get_command(app).commands
+    for command, kinds in (
+        ("report", (report.TableOptions, report.PlotOptions)),
+        ("compare", (report.CompareOptions,)),
+    ):
+        cli = {p.name: p.default for p in commands[command].params}
+        cli["smooth_window"] = cli.pop("smooth", None)
+        checked = 0
+        for kind in kinds:
+            for f in dataclasses.fields(kind):
+                if f.name in cli and f.name not in ("sweep_name", "where", "step", "benchmarks", "metrics"):
+                    assert cli[f.name] == f.default, (command, f.name)
+                    checked += 1
+        assert checked >= 4

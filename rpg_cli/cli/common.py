@@ -76,6 +76,40 @@ def runs_dir_option():
     return typer.Option("runs", "--runs-dir", metavar="PATH", help=RUNS_DIR_HELP)
 
 
+def sweep_option():
+    """`--sweep NAME`: only this sweep's runs."""
+    return typer.Option(
+        None, "--sweep", metavar="NAME", help="Only this sweep's runs (default: every run in the store)."
+    )
+
+
+WHERE_HELP = (
+    "Only runs whose spec matches: FIELD=V[,V...] or FIELD!=V; dotted paths reach nested fields "
+    "(clip.eps_low=0.1). Repeatable; all must hold."
+)
+
+
+def where_option(scope: str = ""):
+    """`--where FIELD=VALUE`, repeatable: runs whose spec matches (rpg_cli.report.summary.parse_where).
+    `scope` says more of what it filters (`rpg compare`: on both sides)."""
+    return typer.Option(None, "--where", metavar="FIELD=VALUE", help=f"{WHERE_HELP}{scope}")
+
+
+def format_option(default: str | None, help: str, choices: tuple[str, ...] = ()):
+    """`--format`, one of `choices` (shown as its metavar; else FORMAT), checked by `check_format`."""
+    return typer.Option(default, "--format", metavar="|".join(choices) or "FORMAT", help=help)
+
+
+def check_format(command: str, value: str | None, choices: tuple[str, ...]) -> None:
+    if value is not None and value not in choices:
+        fail(command, ValueError(f"unknown --format {value!r}; allowed: {', '.join(choices)}"))
+
+
+def comma_list(text: str | None) -> tuple[str, ...] | None:
+    """`a, b,c` -> ('a', 'b', 'c'); None or nothing but commas -> None."""
+    return tuple(item.strip() for item in (text or "").split(",") if item.strip()) or None
+
+
 _STATUS_STYLE = {
     "pending": "dim",
     "submitted": "cyan",

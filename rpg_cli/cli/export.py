@@ -12,15 +12,14 @@ from rpg_cli.cli.common import (
     reconcile_shown,
     rpg_command,
     runs_dir_option,
+    sweep_option,
 )
 
 
 @rpg_command("export")
 def export_command(
     to: str = typer.Option(..., "--to", metavar="wandb|tensorboard|mlflow", help="The tracker to push to."),
-    sweep_name: str = typer.Option(
-        None, "--sweep", metavar="NAME", help="Only this sweep's runs (default: every run in the store)."
-    ),
+    sweep_name: str = sweep_option(),
     db: str = db_option(),
     address: str = address_option(),
     runs_dir: str = runs_dir_option(),

@@ -6,14 +6,21 @@ import typer
 
 from rpg_cli.cli.common import (
     address_option,
+    check_format,
+    comma_list,
     db_option,
     existing_store,
     fail,
+    format_option,
     make_console,
     reconcile_shown,
     rpg_command,
     runs_dir_option,
+    sweep_option,
+    where_option,
 )
+
+COMPARE_FORMATS = ("text", "json")
 
 
 @rpg_command()
@@ -27,9 +34,7 @@ def report(
         metavar="",
         help="Training-dynamics figures (PNG and SVG), one panel per metric, one line per run.",
     ),
-    sweep_name: str = typer.Option(
-        None, "--sweep", metavar="NAME", help="Only this sweep's runs (default: every run in the store)."
-    ),
+    sweep_name: str = sweep_option(),
     metric: str = typer.Option(
         "mean@k",
         "--metric",
@@ -42,11 +47,9 @@ def report(
         metavar="B[,B]",
         help="Columns to show, e.g. aime24,aime25 (default: every benchmark scored).",
     ),
-    output_format: str = typer.Option(
+    output_format: str = format_option(
         None,
-        "--format",
-        metavar="FORMAT",
-        help="Table format: table, markdown, latex, csv or json (default: from --output's suffix .md/.tex/.csv/.json, else a terminal table).",
+        "Table format: table, markdown, latex, csv or json (default: from --output's suffix .md/.tex/.csv/.json, else a terminal table).",
     ),
     output: str = typer.Option(
         None,
@@ -122,9 +125,7 @@ def report(
     from rpg_cli.rundir import write_atomic
     from rpg_cli.store import StoreError
 
-    formats = ("table", *rp.RENDERERS)
-    if output_format is not None and output_format not in formats:
-        fail("report", ValueError(f"unknown --format {output_format!r}; allowed: {', '.join(formats)}"))
+    check_format("report", output_format, ("table", *rp.RENDERERS))
     if table and plot and output:
         fail(
             "report",
@@ -137,9 +138,17 @@ def report(
                 fmt = output_format or (
                     rp.FORMAT_BY_SUFFIX.get(Path(output).suffix.lower(), "table") if output else "table"
                 )
-                wanted = [b.strip() for b in benchmarks.split(",") if b.strip()] if benchmarks else None
                 built = rp.build_table(
-                    store, sweep_name, metric, wanted, compare_paper, select_on, scorer, fixed_problems
+                    store,
+                    rp.TableOptions(
+                        sweep=sweep_name,
+                        metric=metric,
+                        benchmarks=comma_list(benchmarks),
+                        compare_paper=compare_paper,
+                        select_on=select_on,
+                        scorer=scorer,
+                        fixed_problems=fixed_problems,
+                    ),
                 )
                 text = rp.RENDERERS[fmt](built) if fmt != "table" else _render_report_table(built, to_text=bool(output))
                 if output:
@@ -147,10 +156,16 @@ def report(
                 elif text:
                     typer.echo(text, nl=False)
             if plot:
-                names = (
-                    [m.strip() for m in metrics.split(",") if m.strip()] if metrics else list(rp.DEFAULT_PLOT_METRICS)
+                fig = rp.plot_training(
+                    store,
+                    rp.PlotOptions(
+                        sweep=sweep_name,
+                        metrics=comma_list(metrics) or rp.DEFAULT_PLOT_METRICS,
+                        smooth_window=smooth,
+                        strict=metrics is not None,
+                        per_seed=per_seed,
+                    ),
                 )
-                fig = rp.plot_training(store, sweep_name, names, smooth, strict=metrics is not None, per_seed=per_seed)
                 for path in rp.save_figure(fig, output or "runs/plots", f"training-{sweep_name or 'all'}"):
                     typer.echo(f"wrote {path}")
         except (rp.ReportError, StoreError) as e:
@@ -165,15 +180,8 @@ def compare(
         help="The baseline: a method as `rpg report` names it (GRPO, 'RPG-REINFORCE-URKL (clip 0.1/0.1)'), run ids or names (comma-separated), or a spec filter FIELD=VALUE[&FIELD=VALUE...].",
     ),
     b: str = typer.Argument(..., metavar="B", help="The challenger, given the same ways: the differences are B - A."),
-    sweep_name: str = typer.Option(
-        None, "--sweep", metavar="NAME", help="Only this sweep's runs (default: every run in the store)."
-    ),
-    where: list[str] = typer.Option(
-        None,
-        "--where",
-        metavar="FIELD=VALUE",
-        help="Only runs whose spec matches, on both sides (as `rpg runs --where`). Repeatable.",
-    ),
+    sweep_name: str = sweep_option(),
+    where: list[str] = where_option(" On both sides."),
     step: str = typer.Option(
         "last", "--step", metavar="last|N", help="Each run's final evaluated step, or step N of every run."
     ),
@@ -193,9 +201,7 @@ def compare(
         metavar="B[,B]",
         help="Benchmarks to compare on (default: every one scored for all runs of both sides).",
     ),
-    output_format: str = typer.Option(
-        "text", "--format", metavar="text|json", help="Lines for a terminal, or everything as JSON."
-    ),
+    output_format: str = format_option("text", "Lines for a terminal, or everything as JSON.", COMPARE_FORMATS),
     fixed_problems: bool = typer.Option(
         False,
         "--fixed-problems",
@@ -241,29 +247,25 @@ def compare(
     from rpg_cli.stats import StatsError
     from rpg_cli.store import StoreError
 
-    if output_format not in ("text", "json"):
-        fail("compare", ValueError(f"unknown --format {output_format!r}; allowed: text, json"))
+    check_format("compare", output_format, COMPARE_FORMATS)
     if step != "last" and not step.isdigit():
         fail("compare", ValueError(f"--step {step!r}: expected last or a step number"))
     if effect is not None and not 0 < effect <= 100:
         fail("compare", ValueError(f"--effect {effect:g}: give a difference in points, above 0 and at most 100"))
-    wanted = [x.strip() for x in benchmarks.split(",") if x.strip()] if benchmarks else None
+    options = rp.CompareOptions(
+        sweep=sweep_name,
+        where=tuple(where or ()),
+        metric=metric,
+        scorer=scorer,
+        step=None if step == "last" else int(step),
+        benchmarks=comma_list(benchmarks),
+        pair_seeds=pair_seeds,
+        fixed_problems=fixed_problems,
+        effect=None if effect is None else effect / 100,
+    )
     with existing_store("compare", db) as store:
         try:
-            result = rp.compare_groups(
-                store,
-                a,
-                b,
-                sweep_name,
-                where or (),
-                metric,
-                scorer,
-                None if step == "last" else int(step),
-                wanted,
-                pair_seeds=pair_seeds,
-                fixed_problems=fixed_problems,
-                effect=None if effect is None else effect / 100,
-            )
+            result = rp.compare_groups(store, a, b, options)
         except (rp.ReportError, StoreError, StatsError) as e:
             fail("compare", e)
     if output_format == "json":

@@ -6,37 +6,37 @@ import typer
 
 from rpg_cli.cli.common import (
     address_option,
+    check_format,
+    comma_list,
     db_option,
     error_line,
     existing_store,
     fail,
+    format_option,
     make_console,
     reconcile_shown,
     rpg_command,
     runs_dir_option,
     status_text,
+    sweep_option,
     warn,
+    where_option,
 )
+
+RUNS_FORMATS = ("table", "csv", "json")
 
 
 @rpg_command("runs")
 def runs_command(
-    sweep_name: str = typer.Option(None, "--sweep", metavar="NAME", help="Only this sweep's runs."),
+    sweep_name: str = sweep_option(),
     status: str = typer.Option(
         None,
         "--status",
         metavar="STATE[,STATE]",
         help="Only runs in these states: pending, submitted, running, succeeded, failed, stopped.",
     ),
-    where: list[str] = typer.Option(
-        None,
-        "--where",
-        metavar="FIELD=VALUE",
-        help="Only runs whose spec matches: FIELD=V[,V...] or FIELD!=V; dotted paths reach nested fields (clip.eps_low=0.1). Repeatable; all must hold.",
-    ),
-    output_format: str = typer.Option(
-        "table", "--format", metavar="table|csv|json", help="A terminal table, or every column as CSV or JSON."
-    ),
+    where: list[str] = where_option(),
+    output_format: str = format_option("table", "A terminal table, or every column as CSV or JSON.", RUNS_FORMATS),
     wide: bool = typer.Option(
         False, "--wide", metavar="", help="Show each failure reason whole instead of its first 60 characters."
     ),
@@ -62,9 +62,8 @@ def runs_command(
     from rpg_cli.states import STATUSES
     from rpg_cli.store import EmptyStoreError, NoStoreError, StoreError, open_store
 
-    if output_format not in ("table", "csv", "json"):
-        fail("runs", ValueError(f"unknown --format {output_format!r}; allowed: table, csv, json"))
-    wanted = [s.strip() for s in status.split(",")] if status else None
+    check_format("runs", output_format, RUNS_FORMATS)
+    wanted = comma_list(status)
     if wanted and (bad := [s for s in wanted if s not in STATUSES]):
         fail("runs", ValueError(f"unknown --status {', '.join(bad)}; allowed: {', '.join(STATUSES)}"))
     try:

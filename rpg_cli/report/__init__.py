@@ -5,6 +5,7 @@
     evidence per-problem scores (`rpg eval` samples) or benchmark means behind each interval
     tables   the Last/Best table as data: rows per method, score and 95% interval, ranks, paper numbers
     compare  `rpg compare A B`: two groups of runs, the paired difference and a verdict
+    options  what a user asks of a table, the plots, a comparison, with the defaults
     render   the table as Markdown, LaTeX, CSV, JSON (the terminal table is the CLI's)
     plots    training dynamics (matplotlib, imported only when drawing)
     summary  `rpg runs`: one row per run, filtered by sweep, state and spec
@@ -14,7 +15,8 @@ The queries themselves live in the store (rpg_cli.store.queries).
 
 from rpg_cli.report.compare import compare_groups
 from rpg_cli.report.names import method_base, method_labels
-from rpg_cli.report.plots import DEFAULT_PLOT_METRICS, plot_training, save_figure, smooth
+from rpg_cli.report.options import DEFAULT_PLOT_METRICS, CompareOptions, PlotOptions, TableOptions
+from rpg_cli.report.plots import plot_training, save_figure, smooth
 from rpg_cli.report.render import (
     FORMAT_BY_SUFFIX,
     RENDERERS,
@@ -32,10 +34,13 @@ from rpg_cli.report.tables import Table, build_table, cell_text, fmt, paper_resu
 
 __all__ = [
     "DEFAULT_PLOT_METRICS",
+    "CompareOptions",
     "FORMAT_BY_SUFFIX",
     "RENDERERS",
+    "PlotOptions",
     "ReportError",
     "Table",
+    "TableOptions",
     "build_table",
     "cell_text",
     "column_title",

@@ -8,7 +8,6 @@ between the groups besides the compared ones: a silent difference in lr or conte
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -17,6 +16,7 @@ import numpy as np
 from rpg_cli import stats
 from rpg_cli.report.evidence import Evidence, aligned
 from rpg_cli.report.names import BENCHMARK_ORDER, method_labels
+from rpg_cli.report.options import CompareOptions, given
 from rpg_cli.report.scores import ReportError, protocol_text, scores, select_runs
 from rpg_cli.report.summary import parse_where, spec_matches
 
@@ -143,30 +143,19 @@ def _seeds(runs: list[RunRecord], offset: int) -> tuple[int, ...]:
 
 
 def compare_groups(
-    store: Store,
-    a_ref: str,
-    b_ref: str,
-    sweep: str | None = None,
-    where: Sequence[str] = (),
-    metric: str = "mean@k",
-    scorer: str | None = None,
-    step: int | None = None,
-    benchmarks: Sequence[str] | None = None,
-    n_resamples: int = stats.N_RESAMPLES,
-    pair_seeds: bool = False,
-    fixed_problems: bool = False,
-    effect: float | None = None,
+    store: Store, a_ref: str, b_ref: str, options: CompareOptions | None = None, **fields: Any
 ) -> Result:
     """Compare B with A (module docstring). ReportError, one line, for an unknown or empty side, runs
     without scores, scores under different protocols or scorers, no common benchmark or problem."""
-    filters = parse_where(where)
-    scope = [r for r in select_runs(store, sweep) if spec_matches(r.spec, filters)]
+    options = given(CompareOptions, options, fields)
+    filters = parse_where(options.where)
+    scope = [r for r in select_runs(store, options.sweep) if spec_matches(r.spec, filters)]
     if not scope:
-        raise ReportError(f"no run matches --where {' '.join(where)}")
+        raise ReportError(f"no run matches --where {' '.join(options.where)}")
     a, b = resolve_side(store, a_ref, scope, "A"), resolve_side(store, b_ref, scope, "B")
     runs = a.runs + [r for r in b.runs if r not in a.runs]
-    result = scores(store, [r.id for r in runs], metric, scorer)
-    _check_scored(result, a, b, metric)
+    result = scores(store, [r.id for r in runs], options.metric, options.scorer)
+    _check_scored(result, a, b, options.metric)
     origins = {result.origins[r.id] for r in runs}
     if len(origins) > 1:
         oa, ob = (
@@ -180,13 +169,13 @@ def compare_groups(
     evidence = Evidence(store, result)
     per_run = {r.id: result.values[r.id] for r in runs}
     common = set.intersection(*(set(v) for v in per_run.values()))
-    if benchmarks:
-        missing = [bench for bench in benchmarks if bench not in common]
+    if options.benchmarks:
+        missing = [bench for bench in options.benchmarks if bench not in common]
         if missing:
             raise ReportError(
                 f"benchmark {', '.join(missing)} is not scored for every run of A and B; common: {', '.join(sorted(common)) or 'none'}"
             )
-        common = set(benchmarks)
+        common = set(options.benchmarks)
     if not common:
         have_a = sorted({x for r in a.runs for x in per_run[r.id]})
         have_b = sorted({x for r in b.runs for x in per_run[r.id]})
@@ -201,17 +190,17 @@ def compare_groups(
         picks, values = [], []
         for r in a.runs + b.runs:  # A's rows, then B's (a run in both sides is in both)
             score = per_run[r.id][bench]
-            if step is None:
+            if options.step is None:
                 picks.append((r.id, score.last_step))
                 values.append(score.last)
                 continue
             logged = evidence.steps(r.id, bench)
-            if step not in logged:
+            if options.step not in logged:
                 raise ReportError(
-                    f"run {r.name} has no {bench} score at step {step}; its steps: {', '.join(map(str, sorted(logged))) or 'none'}"
+                    f"run {r.name} has no {bench} score at step {options.step}; its steps: {', '.join(map(str, sorted(logged))) or 'none'}"
                 )
-            picks.append((r.id, step))
-            values.append(logged[step])
+            picks.append((r.id, options.step))
+            values.append(logged[options.step])
         steps_used |= {s for _, s in picks}
         matrix = aligned([evidence.problems(run_id, s, bench) for run_id, s in picks])
         if matrix is None:
@@ -230,15 +219,15 @@ def compare_groups(
     runs_a = stats.Runs(blocks_a, seeds=_seeds(a.runs, 0), problems=ids)
     runs_b = stats.Runs(blocks_b, seeds=_seeds(b.runs, 1_000_000), problems=ids)
     targets = [*benches, stats.OVERALL] if len(benches) > 1 else benches
-    how = {"pair_seeds": pair_seeds, "fixed_problems": fixed_problems, "effect": effect}
-    comparisons = [stats.compare(runs_a, runs_b, t, n_resamples=n_resamples, **how) for t in targets]
-    if pair_seeds:
+    how = {"pair_seeds": options.pair_seeds, "fixed_problems": options.fixed_problems, "effect": options.effect}
+    comparisons = [stats.compare(runs_a, runs_b, t, n_resamples=options.n_resamples, **how) for t in targets]
+    if options.pair_seeds:
         notes.append(
             "seeds paired by label (--pair-seeds): right only when runs with the same seed share their randomness"
         )
     if cautioned := [c.benchmark for c in comparisons if c.difference.caution]:
         notes.append(f"caution, {', '.join(cautioned)}: {stats.CAUTION}")
-    step_text = f"last ({', '.join(map(str, sorted(steps_used)))})" if step is None else str(step)
+    step_text = f"last ({', '.join(map(str, sorted(steps_used)))})" if options.step is None else str(options.step)
     source = origin.text()
     return Result(a, b, source, step_text, comparisons, spec_differences(a, b), notes)
 

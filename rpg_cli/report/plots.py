@@ -10,7 +10,7 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from rpg_cli.metrics import (
     ENTROPY,
@@ -26,6 +26,7 @@ from rpg_cli.metrics import (
     bounds,
 )
 from rpg_cli.report.names import BENCHMARK_ORDER, method_sort_key, run_labels
+from rpg_cli.report.options import PlotOptions, given
 from rpg_cli.report.scores import ReportError, pick_val_keys, select_runs, val_keys
 from rpg_cli.rundir import write_atomic
 from rpg_cli.stats import BAND_MEANING, curve_band
@@ -45,7 +46,6 @@ PLOT_METRICS: dict[str, tuple[str, ...]] = {
     "reference_kl": (REF_KL,),
     "reference_age": (REF_AGE,),
 }
-DEFAULT_PLOT_METRICS = ("reward", "entropy", "response_length", "kl", "reference_kl", "reference_age", "val")
 
 
 @dataclass
@@ -102,26 +102,20 @@ def smooth(values: Sequence[float], window: int) -> list[float]:
     return out
 
 
-def plot_training(
-    store: Store,
-    sweep: str | None = None,
-    metrics: Sequence[str] = DEFAULT_PLOT_METRICS,
-    smooth_window: int = 1,
-    strict: bool = True,
-    per_seed: bool = False,
-) -> Figure:
+def plot_training(store: Store, options: PlotOptions | None = None, **fields: Any) -> Figure:
     """Training dynamics: one panel per metric (val: per benchmark), one line per method (the mean over
     its seeds, each seed's curve smoothed first) with its 95% band, and with per_seed each run as a thin
     line; shared legend below the panels, the band's meaning in the title. With strict=False, metrics
     nobody logged are left out instead of an error. Uses matplotlib's Agg backend (no display needed)."""
+    options = given(PlotOptions, options, fields)
     import matplotlib
 
     matplotlib.use("Agg")
     from matplotlib.figure import Figure
 
-    runs = select_runs(store, sweep)
+    runs = select_runs(store, options.sweep)
     ids = [r.id for r in runs]
-    panels = plot_panels(store, ids, metrics, strict)
+    panels = plot_panels(store, ids, options.metrics, options.strict)
     data = store.series(ids, sorted({p.key for p in panels}))
     labels = run_labels(runs, seed=False)
     methods: dict[str, list[str]] = {}
@@ -136,7 +130,7 @@ def plot_training(
     for ax, panel in zip(axes, panels):
         for i, (label, ids) in enumerate(methods.items()):
             curves = [
-                (data[(r, panel.key)][0], smooth(data[(r, panel.key)][1], smooth_window))
+                (data[(r, panel.key)][0], smooth(data[(r, panel.key)][1], options.smooth_window))
                 for r in ids
                 if (r, panel.key) in data
             ]
@@ -147,7 +141,7 @@ def plot_training(
             seeds = f" ({len(curves)} seeds)" if len(curves) > 1 else ""
             ax.plot(band.steps, band.mean, label=label + seeds, color=color, linewidth=1.6)
             ax.fill_between(band.steps, band.low, band.high, color=color, alpha=0.2, linewidth=0)
-            if per_seed:
+            if options.per_seed:
                 for steps, values in curves:
                     ax.plot(steps, values, color=color, linewidth=0.5, alpha=0.6)
         ax.set_title(panel.title)
@@ -164,10 +158,10 @@ def plot_training(
                 names.append(name)
     fig.legend(handles, names, loc="outside lower center", ncols=min(4, max(1, len(names))), frameon=False)
     fig.suptitle(
-        f"{sweep or 'all runs'}: training dynamics"
-        + (f" (moving average over {smooth_window} steps)" if smooth_window > 1 else "")
+        f"{options.sweep or 'all runs'}: training dynamics"
+        + (f" (moving average over {options.smooth_window} steps)" if options.smooth_window > 1 else "")
         + f"\n{BAND_MEANING}"
-        + ("; thin lines: single seeds" if per_seed else ""),
+        + ("; thin lines: single seeds" if options.per_seed else ""),
         fontsize="medium",
     )
     return fig

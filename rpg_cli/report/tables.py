@@ -19,10 +19,9 @@ import io
 import math
 import statistics
 from collections import defaultdict
-from collections.abc import Sequence
 from dataclasses import dataclass, field
 from importlib import resources
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from rpg_cli import stats
 from rpg_cli.report.evidence import Evidence, cell_interval
@@ -35,6 +34,7 @@ from rpg_cli.report.names import (
     method_sort_key,
     model_name,
 )
+from rpg_cli.report.options import TableOptions, given
 from rpg_cli.report.scores import ReportError, Scores, not_shown, runs_text, scores, select_runs
 from rpg_cli.stats import NO_INTERVAL, Interval
 
@@ -111,46 +111,40 @@ class Table:
         return [(b, w) for b in self.benchmarks for w in self.which]
 
 
-def build_table(
-    store: Store,
-    sweep: str | None = None,
-    metric: str = "mean@k",
-    benchmarks: Sequence[str] | None = None,
-    compare_paper: bool = False,
-    select_on: str | None = None,
-    scorer: str | None = None,
-    fixed_problems: bool = False,
-) -> Table:
+def build_table(store: Store, options: TableOptions | None = None, **fields: Any) -> Table:
     """The Last/Best table of a sweep (or of every run): one row per method, grouped by model, context
     and protocol (scores drawn under different sampling settings never share a section, and a cell
     holds one source: runs scored there only by another are named in the footer, never averaged in).
     Columns per test benchmark: Last, Best (val-selected) when `select_on` names the selection
     benchmark, Best (test-selected) with `compare_paper`. Intervals over new seeds and new problems,
     or with `fixed_problems` over new seeds on these problems."""
-    runs = select_runs(store, sweep)
+    options = given(TableOptions, options, fields)
+    runs = select_runs(store, options.sweep)
     ids = [r.id for r in runs]
-    first = scores(store, ids, metric, scorer)
+    first = scores(store, ids, options.metric, options.scorer)
     sections = [first]
     if first.other_protocols:
         eval_scorer = next(o.scorer for o in first.origins.values() if o.evaluated)
-        sections += [scores(store, sorted(r), metric, eval_scorer, p) for p, r in first.other_protocols]
+        sections += [scores(store, sorted(r), options.metric, eval_scorer, p) for p, r in first.other_protocols]
     logged = sorted(
         {b for result in sections for v in result.values.values() for b in v},
         key=lambda b: (BENCHMARK_ORDER.get(b, 99), b),
     )
-    if select_on is not None and select_on not in logged:
-        raise ReportError(f"--select-on {select_on}: no {first.metric} scores on it; scored: {', '.join(logged)}")
-    tests = [b for b in logged if b != select_on]
-    if benchmarks:
-        unknown = [b for b in benchmarks if b not in tests]
+    if options.select_on is not None and options.select_on not in logged:
+        raise ReportError(
+            f"--select-on {options.select_on}: no {first.metric} scores on it; scored: {', '.join(logged)}"
+        )
+    tests = [b for b in logged if b != options.select_on]
+    if options.benchmarks:
+        unknown = [b for b in options.benchmarks if b not in tests]
         if unknown:
-            why = "it is the selection benchmark" if select_on in unknown else f"scored: {', '.join(tests)}"
+            why = "it is the selection benchmark" if options.select_on in unknown else f"scored: {', '.join(tests)}"
             raise ReportError(f"no {first.metric} scores for benchmark {', '.join(unknown)}; {why}")
-        tests = list(benchmarks)
+        tests = list(options.benchmarks)
     if not tests:
-        raise ReportError(f"no test benchmark left: {select_on} is the only one scored and it selects the step")
-    which = ("last", *(("best_val",) if select_on else ()), *(("best_test",) if compare_paper else ()))
-    paper = paper_results() if compare_paper else {}
+        raise ReportError(f"no test benchmark left: {options.select_on} is the only one scored and it selects the step")
+    which = ("last", *(("best_val",) if options.select_on else ()), *(("best_test",) if options.compare_paper else ()))
+    paper = paper_results() if options.compare_paper else {}
     groups: list[Group] = []
     scored_ids: set[str] = set()
     sources: list[str] = []
@@ -171,16 +165,18 @@ def build_table(
             row = Row(label, method_base(members[0].spec), [r.name for r in members])
             for bench in tests:
                 for kind in which:
-                    row.cells[(bench, kind)] = _cell(evidence, result, members, bench, kind, select_on, fixed_problems)
-            if compare_paper and all(r.spec.get("optimizer") == "adamw" for r in members):
+                    row.cells[(bench, kind)] = _cell(
+                        evidence, result, members, bench, kind, options.select_on, options.fixed_problems
+                    )
+            if options.compare_paper and all(r.spec.get("optimizer") == "adamw" for r in members):
                 _paper_cells(row, paper, model, context)
             in_section.setdefault((model, context), Group(model, context, [], section)).rows.append(row)
         groups += in_section.values()
         sources += result.sources + _starting_policy(result, scored, tests)
     if len(scored_ids) < len(runs):
         sources.append(f"not scored yet: {runs_text(len(runs) - len(scored_ids))}")
-    table = Table(first.metric, tests, groups, sources, compare_paper, sweep, which, select_on)
-    table.fixed_problems = fixed_problems
+    table = Table(first.metric, tests, groups, sources, options.compare_paper, options.sweep, which, options.select_on)
+    table.fixed_problems = options.fixed_problems
     for group in table.groups:
         _rank(group, table.columns)
     shown = {(o.scorer, o.k) for result in sections for o in result.origins.values()}
