@@ -3,6 +3,7 @@ is paid for: by `rpg sweep --dry-run`, before a real submission (each backend's 
 the local backend's job before it loads anything.
 
     check_run(spec) -> [Finding]    errors (the run would fail) and notes (what could not be checked)
+    validation_cost(spec)           what a run's validation generates (count_problems: a file's problems)
 
 Cheap by construction, so that the dry run stays fast: a parquet file's columns come from its footer;
 a model is a local directory or an entry of the local Hugging Face cache (nothing is downloaded); prompts are counted with the `tokenizers` library on the model's
@@ -174,6 +175,84 @@ def _parquet_schema(path: str, _mtime_ns: int, _size: int) -> tuple[frozenset[st
 def _stamp(path: Path) -> tuple[int, int]:
     info = path.stat()
     return info.st_mtime_ns, info.st_size
+
+
+# ---------------------------------------------------------------------------------------------
+# What validation costs (the dry run states it before a GPU is paid for)
+
+# files above this size are not read at plan time (their problems stay uncounted)
+MAX_COUNTED_FILE_BYTES = 64 * 2**20
+
+
+@dataclass(frozen=True)
+class ProblemCount:
+    rows: int
+    problems: int  # distinct (prompt, ground truth) pairs: what `rpg eval` and the local backend sample
+
+
+@dataclass(frozen=True)
+class ValidationCost:
+    samples_per_problem: int  # val.n
+    validations: int  # per run: before training, every val.every steps, and at the last step
+    problems: int | None  # distinct problems over data.val_files; None when a file cannot be counted here
+
+    @property
+    def generations(self) -> int | None:
+        """Responses generated at each validation."""
+        return None if self.problems is None else self.problems * self.samples_per_problem
+
+    def as_dict(self) -> dict[str, int | None]:
+        return {
+            "problems": self.problems,
+            "samples_per_problem": self.samples_per_problem,
+            "generations_per_validation": self.generations,
+            "validations_per_run": self.validations,
+        }
+
+
+def validation_cost(spec: ExperimentSpec | dict[str, Any]) -> ValidationCost | None:
+    """What one run's validation generates (None: the run does not validate); `spec` may be canonical JSON.
+    Problems are counted where the files are local and small; both backends sample val.n responses per
+    distinct problem (verl refuses a file that repeats problems, the local backend and `rpg eval` group
+    the copies)."""
+    if isinstance(spec, dict):
+        from rpg_cli.spec import ExperimentSpec
+
+        spec = ExperimentSpec.model_validate(spec)
+    if not spec.data.val_files:
+        return None
+    counts = [count_problems(f) for f in spec.data.val_files]
+    problems = None if any(c is None for c in counts) else sum(c.problems for c in counts)
+    validations = 1 + spec.steps // spec.val.every + (1 if spec.steps % spec.val.every else 0)
+    return ValidationCost(spec.val.n, validations, problems)
+
+
+def count_problems(path: str | Path) -> ProblemCount | None:
+    """Rows and distinct problems of a local verl-format parquet; None for a file that is not there, not
+    readable as one, or too big to read at plan time (pyarrow is imported only when there is a file)."""
+    p = Path(path)
+    try:
+        stat = p.stat()
+    except (OSError, ValueError):
+        return None
+    if "://" in str(path) or not p.is_file() or stat.st_size > MAX_COUNTED_FILE_BYTES:
+        return None
+    return _count_problems(str(p.resolve()), stat.st_mtime_ns, stat.st_size)
+
+
+@functools.lru_cache(maxsize=64)
+def _count_problems(path: str, mtime_ns: int, size: int) -> ProblemCount | None:
+    try:
+        import pyarrow.parquet as pq
+
+        table = pq.ParquetFile(path).read(columns=["prompt", "reward_model"])  # read_table would import pandas
+        keys = {
+            json.dumps([row["prompt"], (row["reward_model"] or {}).get("ground_truth")], sort_keys=True)
+            for row in table.to_pylist()
+        }
+    except Exception:  # not a verl parquet: the run's own checks say so; here it is just not counted
+        return None
+    return ProblemCount(table.num_rows, len(keys))
 
 
 # ----------------------------------------------------------------------------------------- model

@@ -208,7 +208,8 @@ def test_verl_refuses_a_validation_file_that_repeats_problems_and_the_local_back
 
 
 def test_validations_per_run_count_the_start_every_k_steps_and_the_last():
-    from rpg_cli.spec import ExperimentSpec, validation_cost
+    from rpg_cli.inputs import validation_cost
+    from rpg_cli.spec import ExperimentSpec
 
     spec = load_sweep(REPO / "experiments" / "smoke.yaml").expand()[0].canonical()
     for steps, every, expected in ((400, 10, 41), (5, 2, 4), (300, 50, 7)):

@@ -9,7 +9,8 @@ import pytest
 import torch
 
 from rpg_cli.algorithms.kl import reference_kl
-from rpg_cli.spec import DEFAULT_KL_EMA, Every, ExperimentSpec, ReferenceTracker, SpecError, _validate, load_sweep
+from rpg_cli.spec import DEFAULT_KL_EMA, Every, ExperimentSpec, ReferenceTracker, SpecError, load_sweep
+from rpg_cli.spec.errors import _validate
 
 BASE = dict(
     algorithm="rpg",

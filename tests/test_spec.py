@@ -269,7 +269,7 @@ def test_wrong_type(tmp_path, old, new, path, allowed):
     ],
 )
 def test_invalid_combinations(changes, path, allowed):
-    from rpg_cli.spec import _validate
+    from rpg_cli.spec.errors import _validate
 
     with pytest.raises(SpecError) as info:
         _validate(ExperimentSpec, spec_dict(**changes))

@@ -184,7 +184,7 @@ def test_trackers_leave_every_run_id_and_name_unchanged(grid, tmp_path, monkeypa
 
 
 def test_shorthand_and_one_line_errors_of_the_trackers_field(tmp_path):
-    from rpg_cli.spec import _validate
+    from rpg_cli.spec.errors import _validate
 
     base = load_sweep(EXPERIMENTS / "smoke.yaml").expand()[0].canonical()
     spec = _validate(ExperimentSpec, {**base, "trackers": ["wandb", "tensorboard"]})

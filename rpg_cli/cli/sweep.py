@@ -86,7 +86,7 @@ def sweep(
         import json
 
         from rpg_cli.benchmarks import describe_scorers
-        from rpg_cli.spec import validation_cost
+        from rpg_cli.inputs import validation_cost
 
         rows = [
             {

@@ -205,7 +205,7 @@ def refuse_bad_inputs(checks: list[Check], total: int) -> None:
 def validation_costs(plans: list[RunPlan]) -> list[tuple[int, int | None, int, int, int]]:
     """What validation costs before a GPU is paid for: (runs, problems or None when the files could not
     be read here, samples per problem, validations per run, every N steps), one entry per distinct cost."""
-    from rpg_cli.spec import validation_cost
+    from rpg_cli.inputs import validation_cost
 
     costs = Counter(
         (c.problems, c.samples_per_problem, c.validations, p.spec["val"]["every"])

@@ -1,6 +1,6 @@
 """The local backend's RL loop: one process, one device, the same spec and math as the verl backend.
 
-Per step: reset the reference to the current policy when `rpg_cli.spec.ReferenceTracker` says so
+Per step: reset the reference to the current policy when `rpg_cli.spec.reference.ReferenceTracker` says so
 (`reference: {every: K}` / `{kl_target: ...}`), draw `train_batch_size` prompts, sample `rollout_n`
 responses each, score them with `rpg_cli.rewards`, (dynamic sampling, any algorithm: draw `gen_batches`
 prompt batches per round, drop groups whose accuracy is the same for every response and draw more;
@@ -63,7 +63,8 @@ from rpg_cli.metrics import (
     loss_metrics,
     val_key,
 )
-from rpg_cli.spec import Every, ReferenceTracker
+from rpg_cli.spec import Every
+from rpg_cli.spec.reference import ReferenceTracker
 from rpg_cli.trackers import TrackerError
 from rpg_cli.trackers.writers import open_run
 

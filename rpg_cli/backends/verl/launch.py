@@ -15,8 +15,8 @@ from typing import TYPE_CHECKING, Any
 
 from rpg_cli import rundir
 from rpg_cli.backends.verl import diagnose
-from rpg_cli.inputs import Finding, check_run
-from rpg_cli.spec import Every, SpecError, count_problems, override_key
+from rpg_cli.inputs import Finding, check_run, count_problems
+from rpg_cli.spec import Every, SpecError, override_key
 from rpg_cli.trackers import verl_env, verl_loggers
 
 # the spec's KL-loss estimators -> verl 0.9.1's kl_loss_type (core_algos.kl_penalty_forward), which

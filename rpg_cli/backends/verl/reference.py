@@ -12,7 +12,7 @@ points (the overrides select them: `trainer.v1.trainer_mode=rpg`, see `launch.re
   i of the actor is shard i of the reference: nothing is gathered, nothing goes through disk);
   `save_reference` / `load_reference` write and read those shards next to verl's checkpoint.
 - `RPGTrainer`, verl's synchronous trainer (`PPOTrainerSync`, registered as `rpg`) that starts the worker above
-  and runs the schedule of `rpg_cli.spec.ReferenceTracker`: `on_step_begin` resets the reference when the
+  and runs the schedule of `rpg_cli.spec.reference.ReferenceTracker`: `on_step_begin` resets the reference when the
   schedule says so, before the step's reference log-probs; right after them, the step's KL to the reference
   (`rpg_cli.algorithms.kl.reference_kl` of old_log_probs and ref_log_prob) feeds the KL trigger; `ref/resets`,
   `ref/steps_since_reset`, `ref/kl`, `ref/kl_ema` go to metrics.jsonl with the step's other metrics.
@@ -51,7 +51,8 @@ from verl.workers.engine_workers import ActorRolloutRefWorker
 
 from rpg_cli.algorithms.kl import reference_kl
 from rpg_cli.backends.verl.launch import RPG_TRAINER, reference_from_config
-from rpg_cli.spec import Every, ReferenceTracker
+from rpg_cli.spec import Every
+from rpg_cli.spec.reference import ReferenceTracker
 
 logger = logging.getLogger(__name__)
 
