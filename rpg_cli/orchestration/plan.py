@@ -1,6 +1,6 @@
 """A run as the orchestrator sees it: what to start, where, with which resources; and the dry run.
 
-`RunPlan` is the hand-off between the spec side (spec.py expands a sweep into specs) and the
+`RunPlan` is the hand-off between the spec side (spec/sweep.py expands a sweep into specs) and the
 execution side (sweep.py submits them, the store records them). Each backend supplies its part
 through one module, `rpg_cli.backends.<name>.launch`:
 
