@@ -13,6 +13,7 @@ import socket
 import subprocess
 import tempfile
 import uuid
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -45,11 +46,30 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-@pytest.fixture(scope="session")
-def postgres_server():
-    """A PostgreSQL server on 127.0.0.1 at a free port, its data in a temporary directory, stopped and
-    removed at the end of the session; skipped where PostgreSQL or the psycopg driver is absent.
-    Yields the URL of its `postgres` database (user rpg, trust authentication, local only)."""
+class PostgresServer:
+    """A PostgreSQL server on 127.0.0.1 at a free port, its data in a temporary directory (`postgres()`)."""
+
+    def __init__(self, bindir: Path, root: Path, port: int, user: pwd.struct_passwd | None):
+        self.bindir, self.root, self.data, self.port = bindir, root, root / "data", port
+        self.run_as = {"user": user.pw_uid} if user is not None else {}
+        self.url = f"postgresql+psycopg://rpg@127.0.0.1:{port}/postgres"  # user rpg, trust authentication
+
+    def ctl(self, *args: str) -> subprocess.CompletedProcess:
+        return subprocess.run(args, capture_output=True, text=True, timeout=120, **self.run_as)
+
+    def start(self) -> subprocess.CompletedProcess:
+        options = f"-c listen_addresses=127.0.0.1 -p {self.port} -k {self.root} -c fsync=off"
+        pg_ctl = str(self.bindir / "pg_ctl")
+        return self.ctl(pg_ctl, "-D", str(self.data), "-l", str(self.root / "log"), "-o", options, "-w", "start")
+
+    def stop(self, mode: str = "immediate") -> subprocess.CompletedProcess:
+        return self.ctl(str(self.bindir / "pg_ctl"), "-D", str(self.data), "-m", mode, "-w", "stop")
+
+
+@contextlib.contextmanager
+def postgres() -> Iterator[PostgresServer]:
+    """A PostgreSQL server started for the caller, stopped and removed after; skips the test where
+    PostgreSQL or the psycopg driver is absent."""
     bindir = _postgres_bin()
     if bindir is None:
         pytest.skip("PostgreSQL is not installed (initdb, pg_ctl)")
@@ -63,26 +83,36 @@ def postgres_server():
     root = Path(tempfile.mkdtemp(prefix="rpg-pg-"))
     if user is not None:
         os.chown(root, user.pw_uid, user.pw_gid)
-    data, port = root / "data", _free_port()
-    run_as = {"user": user.pw_uid} if user is not None else {}
-
-    def ctl(*args: str) -> subprocess.CompletedProcess:
-        return subprocess.run(args, capture_output=True, text=True, timeout=120, **run_as)
-
-    init = ctl(str(bindir / "initdb"), "-D", str(data), "-U", "rpg", "--auth=trust", "-E", "UTF8", "--no-sync")
+    server = PostgresServer(bindir, root, _free_port(), user)
+    init = server.ctl(
+        str(bindir / "initdb"), "-D", str(server.data), "-U", "rpg", "--auth=trust", "-E", "UTF8", "--no-sync"
+    )
     if init.returncode != 0:
         shutil.rmtree(root, ignore_errors=True)
         pytest.skip(f"initdb failed: {init.stderr.strip()[-300:]}")
-    options = f"-c listen_addresses=127.0.0.1 -p {port} -k {root} -c fsync=off"
-    start = ctl(str(bindir / "pg_ctl"), "-D", str(data), "-l", str(root / "log"), "-o", options, "-w", "start")
+    start = server.start()
     if start.returncode != 0:
         shutil.rmtree(root, ignore_errors=True)
         pytest.skip(f"PostgreSQL did not start: {start.stderr.strip()[-300:]}")
     try:
-        yield f"postgresql+psycopg://rpg@127.0.0.1:{port}/postgres"
+        yield server
     finally:
-        ctl(str(bindir / "pg_ctl"), "-D", str(data), "-m", "immediate", "-w", "stop")
+        server.stop()
         shutil.rmtree(root, ignore_errors=True)
+
+
+@pytest.fixture(scope="session")
+def postgres_server():
+    """The session's PostgreSQL server (`postgres()`); yields the URL of its `postgres` database."""
+    with postgres() as server:
+        yield server.url
+
+
+@pytest.fixture
+def own_postgres_server():
+    """A PostgreSQL server of the test's own, which it may stop and start again (a restart)."""
+    with postgres() as server:
+        yield server
 
 
 def new_postgres_database(server_url: str) -> str:
