@@ -210,3 +210,60 @@ def test_rpg_db_names_the_store_where_db_is_not_given_and_db_wins_over_it(tmp_pa
     flag = CliRunner().invoke(app, ["runs", "--db", str(other)])  # the flag, not the environment
     assert flag.exit_code == 0 and "no runs recorded" in flag.output and "missing.db" in flag.output, flag.output
     assert files_in(tmp_path) == {"empty.db": b""}
+
+
+# ------------------------------------------------------------------------------------------ a full disk
+
+
+@contextlib.contextmanager
+def full_sqlite():
+    """Every SQLite connection opened meanwhile finds its database full: `max_page_count` (a setting of
+    the connection) caps the file at its size, so the first write that needs a page fails as on a full
+    disk ("database or disk is full")."""
+    import sqlalchemy as sa
+
+    def cap(dbapi_connection, connection_record):
+        dbapi_connection.execute("PRAGMA max_page_count = 1")  # never below the size: the size now
+
+    sa.event.listen(sa.pool.Pool, "connect", cap)
+    try:
+        yield
+    finally:
+        sa.event.remove(sa.pool.Pool, "connect", cap)
+
+
+def test_a_full_disk_is_one_line_with_the_fix_and_the_same_command_then_works(tmp_path):
+    from rpg_cli import rundir
+    from rpg_cli.store import run_states
+
+    runs = tmp_path / "runs"
+    db = f"sqlite:///{runs / 'results.db'}"
+    plan = RunPlan("full-1", "full", "sw", "local", {"algorithm": "grpo", "seed": 0}, runs / "sw" / "full", ["true"])
+    store = open_store(db)
+    store.record_plan(plan)
+    store.close()
+    rundir.make_run_dir(plan.run_dir)
+    steps = 300  # 600 metric rows to ingest: pages the capped file cannot add
+    rundir.metrics_path(plan.run_dir).write_text(
+        "".join(
+            f'{{"step": {s}, "data": {{"critic/score/mean": {s / steps}, "actor/pg_loss": {-s}}}}}\n'
+            for s in range(1, steps + 1)
+        )
+    )
+    cancel = ["cancel", "full", "--db", db, "--runs-dir", str(runs)]  # ingests the run's metrics, then records it
+    with full_sqlite():
+        one_line_failure(
+            cancel,
+            f"rpg cancel: the results database {db} cannot grow: its disk is full (database or disk is full)",
+            "free space and run the same command again",
+        )
+    assert run_states(db, [plan.id]) == {plan.id: "pending"}  # the failed write left nothing half-done
+    done = CliRunner().invoke(app, cancel)  # space again: the same command
+    assert done.exit_code == 0 and "stopped 1 run(s): full" in done.output, done.output
+    store = open_store(db, create=False)
+    try:
+        assert store.latest(plan.id) == (steps, {"critic/score/mean": 1.0, "actor/pg_loss": -float(steps)})
+        with store.engine.connect() as conn:
+            assert conn.exec_driver_sql("SELECT COUNT(*) FROM metrics").scalar() == 2 * steps
+    finally:
+        store.close()
