@@ -143,6 +143,13 @@ def test_help_imports_no_heavy_package(args):
     assert "HEAVY []" in result.stderr, result.stderr
 
 
+def test_the_spec_imports_no_heavy_package():
+    """The dry run reads specs, and the spec reads its defaults from rpg_cli.algorithms: never torch."""
+    code = f"import sys, rpg_cli.spec, rpg_cli.inputs; print('HEAVY', sorted(m for m in {HEAVY!r} if m in sys.modules))"
+    result = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert "HEAVY []" in result.stdout, result.stdout + result.stderr
+
+
 def test_backends_supply_their_part_through_their_launch_module():
     from rpg_cli.orchestration.plan import failure_reason, launcher
 

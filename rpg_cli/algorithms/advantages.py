@@ -16,6 +16,8 @@ from collections.abc import Hashable, Sequence
 
 import torch
 
+from rpg_cli.algorithms.defaults import OVERLONG_BUFFER, OVERLONG_PENALTY_FACTOR
+
 GROUP_STD_EPS = 1e-6
 WHITEN_EPS = 1e-8
 
@@ -152,7 +154,10 @@ def dynamic_sampling_keep(scores: torch.Tensor, group_ids: GroupIds) -> torch.Te
 
 
 def overlong_penalty(
-    response_length: torch.Tensor, max_response_length: int, buffer: int = 512, penalty_factor: float = 1.0
+    response_length: torch.Tensor,
+    max_response_length: int,
+    buffer: int = OVERLONG_BUFFER,
+    penalty_factor: float = OVERLONG_PENALTY_FACTOR,
 ) -> torch.Tensor:
     """DAPO overlong reward shaping: min(-(L - (Lmax - buffer)) / buffer, 0) * factor, added to the reward.
 

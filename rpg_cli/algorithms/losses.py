@@ -16,6 +16,7 @@ from typing import NamedTuple
 
 import torch
 
+from rpg_cli.algorithms.defaults import CLIP_C, EPS_HIGH, EPS_LOW
 from rpg_cli.algorithms.kl import (
     KL_VARIANTS,
     clamp_log_ratio,
@@ -316,9 +317,9 @@ def policy_loss(
     ref_log_prob: torch.Tensor | None = None,
     beta: float = 0.0,
     clip: bool = True,
-    eps_low: float = 0.2,
-    eps_high: float = 0.28,
-    clip_c: float = 10.0,
+    eps_low: float = EPS_LOW,
+    eps_high: float = EPS_HIGH,
+    clip_c: float = CLIP_C,
     loss_agg_mode: str = "token-mean",
     clipped_weight: bool = False,
     kl_clamp: bool = True,

@@ -25,7 +25,6 @@ from rpg_cli.benchmarks import NoScorerError, benchmark_name, scorer_for
 from rpg_cli.evaluation.options import EvalError, EvalOptions, parse_steps
 
 PLAIN_SWEEP = "checkpoints"  # the sweep under which models that belong to no run are recorded
-DEFAULT_K = 32  # the paper's Mean@32, for models without a spec
 
 
 @dataclass(frozen=True)
@@ -317,12 +316,12 @@ def _target(
 
 def sampling_for(spec: dict[str, Any] | None, options: EvalOptions) -> Sampling:
     """The run's validation sampling (val.n, val.temperature, val.top_p, its response length), with the
-    user's overrides; the spec defaults for a model without a spec."""
+    user's overrides; the spec's defaults (val.n = 32: Mean@32) for a model without a spec."""
     from rpg_cli.spec import val_sampling
 
     val = val_sampling(spec)
     return Sampling(
-        k=options.k if options.k is not None else (val["n"] if spec else DEFAULT_K),
+        k=options.k if options.k is not None else val["n"],
         temperature=options.temperature if options.temperature is not None else val["temperature"],
         top_p=options.top_p if options.top_p is not None else val["top_p"],
         max_tokens=options.max_tokens if options.max_tokens is not None else val["max_tokens"],

@@ -21,6 +21,7 @@ from pydantic import (
     model_validator,
 )
 
+from rpg_cli.algorithms.defaults import CLIP_C, OVERLONG_BUFFER, OVERLONG_PENALTY_FACTOR
 from rpg_cli.benchmarks import SCORERS
 from rpg_cli.spec.errors import SpecError, _model_in, _num
 
@@ -68,7 +69,7 @@ class _Frozen(BaseModel):
 class Clip(_Frozen):
     eps_low: float = Field(gt=0, lt=1)  # the ratio's lower bound 1 - eps_low must stay positive
     eps_high: float = Field(gt=0, lt=1)
-    c: float = Field(10.0, gt=1)  # dual-clip bound for negative advantages (paper gives none; reference code: 10)
+    c: float = Field(CLIP_C, gt=1)  # dual-clip bound for negative advantages (paper gives none; reference code: 10)
     clipped_weight_in_sg: bool = False  # Remark F.2: the clipped weight inside stop-gradient
 
 
@@ -142,8 +143,8 @@ class DynamicSampling(_Frozen):
 class Overlong(_Frozen):
     """DAPO's overlong reward shaping, on any algorithm: min(-(L - (Lmax - buffer)) / buffer, 0) * factor."""
 
-    buffer: int = Field(512, ge=1)  # tokens before the response budget where the penalty starts
-    penalty_factor: float = Field(1.0, ge=0)
+    buffer: int = Field(OVERLONG_BUFFER, ge=1)  # tokens before the response budget where the penalty starts
+    penalty_factor: float = Field(OVERLONG_PENALTY_FACTOR, ge=0)
 
 
 class KLLoss(_Frozen):

@@ -314,6 +314,8 @@ class Trainer:
         """ppo_epochs passes over mini-batches of ppo_mini_batch_size prompts, one optimizer step each."""
         spec = self.spec
         clip = spec.clip
+        # an unclipped run leaves the bounds to the loss's defaults (unused without a clip)
+        bounds = dict(eps_low=clip.eps_low, eps_high=clip.eps_high, clip_c=clip.c) if clip else {}
         mini = spec.ppo_mini_batch_size * spec.rollout_n
         lr = spec.lr
         if spec.optimizer == "adamw" and spec.lr_warmup_steps:
@@ -345,9 +347,7 @@ class Trainer:
                         ref_log_prob=None if ref_log_prob is None else ref_log_prob[micro],
                         beta=spec.beta,
                         clip=clip is not None,
-                        eps_low=clip.eps_low if clip else 0.2,
-                        eps_high=clip.eps_high if clip else 0.28,
-                        clip_c=clip.c if clip else 10.0,
+                        **bounds,
                         loss_agg_mode=spec.loss_agg_mode,
                         clipped_weight=bool(clip and clip.clipped_weight_in_sg),
                         kl_clamp=spec.kl_clamp,
