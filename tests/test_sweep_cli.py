@@ -73,7 +73,8 @@ def test_dry_run_json_shape_for_the_qwen3_grid(workdir):
     assert snapshot(workdir) == before
     runs = json.loads(result.stdout)
     assert len(runs) == 20
-    assert all(set(r) == {"id", "name", "spec", "state", "entrypoint", "validation"} for r in runs)
+    assert all(set(r) == {"id", "name", "spec", "state", "entrypoint", "validation", "scorers"} for r in runs)
+    assert all(isinstance(r["scorers"], str) and "dapo" in r["scorers"] for r in runs)  # the dry run's scorer line
     assert {r["validation"]["samples_per_problem"] for r in runs} == {32}  # no data here: problems not counted
     assert Counter(r["spec"]["context"] for r in runs) == {"2k": 6, "4k": 8, "8k": 6}
     assert {r["spec"]["algorithm"] for r in runs if r["spec"]["context"] == "8k"} == {
