@@ -1,10 +1,12 @@
 """Fixtures shared by the tests: none of them sees the caller's cluster or team database; the store's
 tests get a real PostgreSQL server of the test session's own, and a database URL for each dialect the
-store supports (SQLite file, PostgreSQL database)."""
+store supports (SQLite file, PostgreSQL database). And the one way tests build a run's spec:
+`make_spec(**changes)` (`from conftest import make_spec`), `spec_dict(**changes)` for its dict form."""
 
 from __future__ import annotations
 
 import contextlib
+import copy
 import glob
 import os
 import pwd
@@ -15,13 +17,51 @@ import tempfile
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 import pytest
 
 from rpg_cli.store.url import DB_ENVVAR
 
+if TYPE_CHECKING:
+    from rpg_cli.spec import ExperimentSpec
+
 # verl's whole loop runs in its own environment (`make e2e`, which sets RPG_E2E=1), not in the suite
 collect_ignore = [] if os.environ.get("RPG_E2E") else ["e2e"]
+
+
+# The smallest valid run: the base every test's spec changes what it is about in (a local run, no GPU).
+BASE_SPEC: dict[str, Any] = {
+    "algorithm": "rpg",
+    "kl": "urkl",
+    "beta": 1e-3,
+    "clip": {"eps_low": 0.2, "eps_high": 0.28},
+    "optimizer": "adamw",
+    "context": "2k",
+    "model": "m",
+    "data": {"train_files": ["t.parquet"]},
+    "train_batch_size": 4,
+    "rollout_n": 2,
+    "ppo_mini_batch_size": 2,
+    "lr": 1e-6,
+    "steps": 10,
+    "seed": 0,
+    "save_every": 5,
+    "backend": "local",
+    "resources": {"nodes": 1, "gpus_per_node": 0, "cpus": 1},
+}
+
+
+def spec_dict(**changes: Any) -> dict[str, Any]:
+    """BASE_SPEC with `changes` (whole fields: `val={...}` replaces the block), not validated."""
+    return copy.deepcopy({**BASE_SPEC, **changes})
+
+
+def make_spec(**changes: Any) -> ExperimentSpec:
+    """The validated spec of `spec_dict(**changes)`."""
+    from rpg_cli.spec import ExperimentSpec
+
+    return ExperimentSpec.model_validate(spec_dict(**changes))
 
 
 @pytest.fixture(autouse=True)

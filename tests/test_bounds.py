@@ -15,6 +15,7 @@ from types import SimpleNamespace
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
+from conftest import make_spec
 from typer.testing import CliRunner
 
 from rpg_cli.cli import app
@@ -254,13 +255,19 @@ def toy(tmp_path_factory):
 def test_the_local_backend_stops_a_run_whose_loss_goes_non_finite(toy, tmp_path, capsys):
     from rpg_cli.backends.local.trainer import main
     from rpg_cli.rundir import write_spec
-    from rpg_cli.spec import ExperimentSpec
 
-    spec = ExperimentSpec.model_validate(
-        {
-            **json.loads(json.dumps(_spec_fields(toy))),
-            "lr": 1.0e30,  # finite, and absurd: the weights overflow after one step
-        }
+    spec = make_spec(
+        algorithm="grpo",
+        kl="none",
+        beta=0.0,
+        model=str(toy / "model"),
+        data={"train_files": [str(toy / "train.parquet")], "val_files": []},
+        rollout_n=4,
+        ppo_mini_batch_size=4,
+        lr=1.0e30,  # finite, and absurd: the weights overflow after one step
+        steps=6,
+        save_every=1,
+        rollout={"engine": "hf"},
     )
     run_dir = tmp_path / "run"
     write_spec(run_dir, spec.canonical())
@@ -271,28 +278,6 @@ def test_the_local_backend_stops_a_run_whose_loss_goes_non_finite(toy, tmp_path,
     step = int(line.split("at step ")[1].split(":")[0])
     logged = [json.loads(line)["step"] for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     assert step < spec.steps and max(logged, default=0) <= step  # it stopped there
-
-
-def _spec_fields(toy: Path) -> dict:
-    return {
-        "algorithm": "grpo",
-        "beta": 0.0,
-        "clip": {"eps_low": 0.2, "eps_high": 0.28},
-        "optimizer": "adamw",
-        "context": "2k",
-        "model": str(toy / "model"),
-        "data": {"train_files": [str(toy / "train.parquet")], "val_files": []},
-        "train_batch_size": 4,
-        "rollout_n": 4,
-        "ppo_mini_batch_size": 4,
-        "lr": 1.0e-3,
-        "steps": 6,
-        "seed": 0,
-        "save_every": 1,
-        "rollout": {"engine": "hf"},
-        "backend": "local",
-        "resources": {"nodes": 1, "gpus_per_node": 0, "cpus": 1},
-    }
 
 
 # ---------------------------------------------------------------------- item 12: queued and run apart

@@ -18,6 +18,7 @@ from collections import Counter
 from pathlib import Path
 
 import pytest
+from conftest import make_spec
 from typer.testing import CliRunner
 
 torch = pytest.importorskip("torch")
@@ -80,28 +81,18 @@ def assets(tmp_path_factory):
     return {"model": build_model(root / "model"), "data": write_problems(root / "toy3.parquet")}
 
 
-def make_spec(model: Path) -> ExperimentSpec:
-    return ExperimentSpec.model_validate(
-        {
-            "algorithm": "rpg_reinforce",
-            "kl": "urkl",
-            "beta": 1e-4,
-            "clip": {"eps_low": 0.2, "eps_high": 0.28},
-            "optimizer": "adamw",
-            "context": "2k",
-            "model": str(model),
-            "data": {"train_files": ["x.parquet"]},
-            "train_batch_size": 2,
-            "rollout_n": 2,
-            "ppo_mini_batch_size": 2,
-            "lr": 1e-4,
-            "steps": 2,
-            "seed": 0,
-            "val": {"n": K, "temperature": 0.9, "top_p": 0.95},
-            "save_every": 1,
-            "backend": "local",
-            "resources": {"gpus_per_node": 0, "cpus": 1},
-        }
+def run_spec(model: Path) -> ExperimentSpec:
+    """A two-step rpg_reinforce run on `model` whose validation samples K per problem."""
+    return make_spec(
+        algorithm="rpg_reinforce",
+        beta=1e-4,
+        model=str(model),
+        data={"train_files": ["x.parquet"]},
+        train_batch_size=2,
+        lr=1e-4,
+        steps=2,
+        val={"n": K, "temperature": 0.9, "top_p": 0.95},
+        save_every=1,
     )
 
 
@@ -128,7 +119,7 @@ def make_run(
     root: Path, model: Path, db: str, steps=(1, 2), layout: str = "local", record: bool = True
 ) -> ExperimentSpec:
     """runs/<sweep>/<run>/ with spec.json, checkpoints of `steps` and a metrics.jsonl with verl val keys."""
-    spec = make_spec(model)
+    spec = run_spec(model)
     run_dir = root / "runs" / "s1" / spec.run_name
     for step in steps:
         where = (
@@ -730,7 +721,7 @@ def test_an_eval_job_never_sees_the_store_password(assets, tmp_path, postgres_db
 def test_a_sweep_evaluates_its_runs_and_skips_those_without_checkpoints(assets, tmp_path):
     db = f"sqlite:///{tmp_path / 'results.db'}"
     spec = make_run(tmp_path, assets["model"], db)
-    empty = make_spec(assets["model"]).model_copy(update={"seed": 1})
+    empty = run_spec(assets["model"]).model_copy(update={"seed": 1})
     (tmp_path / "runs" / "s1" / empty.run_name).mkdir(parents=True)
     store = open_store(db)
     store.record_plans(

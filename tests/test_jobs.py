@@ -17,6 +17,7 @@ import urllib.request
 from pathlib import Path
 
 import pytest
+from conftest import make_spec
 from typer.testing import CliRunner
 
 pytest.importorskip("ray.job_submission", reason="the Ray tests need ray[default]")
@@ -583,29 +584,19 @@ def test_a_verl_job_passes_ray_init_and_its_workers_get_the_jobs_environment(clu
     pytest.importorskip("verl", reason="the verl extra is not installed")
     from rpg_cli.backends.verl import launch
     from rpg_cli.orchestration.submit import submit
-    from rpg_cli.spec import ExperimentSpec
 
-    spec = ExperimentSpec.model_validate(
-        dict(
-            algorithm="rpg_reinforce",
-            kl="urkl",
-            beta=1e-4,
-            clip={"eps_low": 0.2, "eps_high": 0.28},
-            optimizer="adamw",
-            context="2k",
-            reference="frozen",
-            model="toy/model",
-            data={"train_files": ["t.parquet"]},
-            train_batch_size=2,
-            rollout_n=2,
-            ppo_mini_batch_size=1,
-            lr=1e-5,
-            steps=2,
-            seed=0,
-            save_every=1,
-            backend="verl",
-            resources={"nodes": 1, "gpus_per_node": 1, "cpus": 1},
-        )
+    spec = make_spec(
+        algorithm="rpg_reinforce",
+        beta=1e-4,
+        reference="frozen",
+        model="toy/model",
+        train_batch_size=2,
+        ppo_mini_batch_size=1,
+        lr=1e-5,
+        steps=2,
+        save_every=1,
+        backend="verl",
+        resources={"nodes": 1, "gpus_per_node": 1, "cpus": 1},
     )
     run_dir = tmp_path / "run"
     (tmp_path / "probe.py").write_text(VERL_RAY_INIT)

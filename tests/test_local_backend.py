@@ -9,13 +9,13 @@ import sys
 from pathlib import Path
 
 import pytest
+from conftest import make_spec
 
 torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
 from rpg_cli.backends.local.trainer import main as run_trainer  # noqa: E402
 from rpg_cli.datasets.toy import ToyPaths  # noqa: E402
-from rpg_cli.spec import ExperimentSpec  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -79,13 +79,9 @@ def test_prepare_data_toy_refuses_sources_too(tmp_path):
 
 
 def write_spec(run_dir: Path, toy, **changes) -> Path:
-    spec = dict(
-        algorithm="rpg",
-        kl="urkl",
-        beta=1e-3,
+    """The run's spec.json: the toy task, 150 steps of 8 prompts x 8 responses, validated every 50."""
+    toy_run = dict(
         clip={"eps_low": 0.2, "eps_high": 0.28, "c": 10.0},
-        optimizer="adamw",
-        context="2k",
         model=str(toy.model),
         data={"train_files": [str(toy.train)], "val_files": [str(toy.val)]},
         train_batch_size=8,
@@ -93,17 +89,14 @@ def write_spec(run_dir: Path, toy, **changes) -> Path:
         ppo_mini_batch_size=8,
         lr=5e-4,
         steps=150,
-        seed=0,
         val={"n": 8, "every": 50, "temperature": 1.0, "top_p": 1.0},
         rollout={"temperature": 1.0, "top_p": 1.0, "engine": "hf"},
         save_every=150,
-        backend="local",
-        resources={"nodes": 1, "gpus_per_node": 0, "cpus": 1},
     )
-    spec.update(changes)
+    spec = make_spec(**{**toy_run, **changes})
     run_dir.mkdir(parents=True, exist_ok=True)
     path = run_dir / "spec.json"
-    path.write_text(json.dumps(ExperimentSpec.model_validate(spec).canonical()))
+    path.write_text(json.dumps(spec.canonical()))
     return path
 
 

@@ -7,34 +7,15 @@ import json
 
 import pytest
 import torch
+from conftest import spec_dict
 
 from rpg_cli.algorithms.kl import reference_kl
 from rpg_cli.spec import DEFAULT_KL_EMA, Every, ExperimentSpec, ReferenceTracker, SpecError, load_sweep
 from rpg_cli.spec.errors import _validate
 
-BASE = dict(
-    algorithm="rpg",
-    kl="urkl",
-    beta=1e-3,
-    clip={"eps_low": 0.2, "eps_high": 0.28},
-    optimizer="adamw",
-    context="2k",
-    model="m",
-    data={"train_files": ["t.parquet"]},
-    train_batch_size=4,
-    rollout_n=2,
-    ppo_mini_batch_size=2,
-    lr=1e-6,
-    steps=10,
-    seed=0,
-    save_every=5,
-    backend="local",
-    resources={"nodes": 1, "gpus_per_node": 0, "cpus": 1},
-)
-
 
 def spec_with(reference) -> ExperimentSpec:
-    return _validate(ExperimentSpec, {**BASE, "reference": reference})
+    return _validate(ExperimentSpec, spec_dict(reference=reference))
 
 
 # ---------------------------------------------------------------- the spec field
@@ -82,14 +63,16 @@ def test_a_bad_reference_names_its_field_in_one_line(reference, message):
 
 def test_a_sweep_grid_of_references_is_checked_value_by_value(tmp_path):
     sweep = tmp_path / "s.yaml"
-    sweep.write_text(json.dumps({"name": "s", "base": BASE, "grid": {"reference": ["frozen", {"kl_target": -0.5}]}}))
+    sweep.write_text(
+        json.dumps({"name": "s", "base": spec_dict(), "grid": {"reference": ["frozen", {"kl_target": -0.5}]}})
+    )
     with pytest.raises(SpecError, match=r"grid\.reference\[1\]\.kl_target: got -0\.5; allowed: > 0"):
         load_sweep(sweep)
     sweep.write_text(
         json.dumps(
             {
                 "name": "s",
-                "base": BASE,
+                "base": spec_dict(),
                 "grid": {"reference": ["iterative", "frozen", {"every": 3}, {"kl_target": 0.1}]},
             }
         )

@@ -13,6 +13,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
+from conftest import make_spec
 
 from rpg_cli import rewards
 from rpg_cli.benchmarks import NoScorerError, scorer_for
@@ -342,30 +343,21 @@ def test_verls_reward_entry_point_scores_a_toy_row_with_no_scorer_passed(tmp_pat
     from verl.trainer.ppo.reward import get_custom_reward_fn
 
     from rpg_cli.backends.verl import launch
-    from rpg_cli.spec import ExperimentSpec
 
-    toy = {
-        "algorithm": "rpg",
-        "kl": "urkl",
-        "beta": 1e-4,
-        "clip": "off",
-        "optimizer": "adamw",
-        "context": "2k",
-        "model": str(tmp_path / "model"),
-        "data": {"train_files": [str(tmp_path / "train.parquet")]},
-        "train_batch_size": 2,
-        "rollout_n": 2,
-        "ppo_mini_batch_size": 2,
-        "lr": 1e-6,
-        "steps": 1,
-        "seed": 0,
-        "save_every": 1,
-        "backend": "verl",
-        "resources": {"nodes": 1, "gpus_per_node": 1, "cpus": 1},
-    }
+    toy = dict(
+        beta=1e-4,
+        clip="off",
+        model=str(tmp_path / "model"),
+        data={"train_files": [str(tmp_path / "train.parquet")]},
+        train_batch_size=2,
+        steps=1,
+        save_every=1,
+        backend="verl",
+        resources={"nodes": 1, "gpus_per_node": 1, "cpus": 1},
+    )
 
     def reward_fn(**changes):
-        spec = ExperimentSpec.model_validate({**toy, **changes})
+        spec = make_spec(**{**toy, **changes})
         with initialize_config_dir(
             config_dir=str(Path(verl.__file__).parent / "trainer" / "config"), version_base=None
         ):

@@ -49,7 +49,8 @@ resources: {gpus_per_node: 8, cpus: 8}
 """
 
 
-def spec_dict(**changes) -> dict:
+def yaml_dict(**changes) -> dict:
+    """SPEC_YAML as a dict, with `changes`: the file tests' spec in the form the model tests validate."""
     import yaml
 
     data = yaml.safe_load(SPEC_YAML)
@@ -92,7 +93,7 @@ def test_run_id_is_a_literal_stable_hash(tmp_path):
 def test_run_id_is_the_sha256_of_the_sorted_compact_json():
     import hashlib
 
-    spec = ExperimentSpec.model_validate(spec_dict())
+    spec = ExperimentSpec.model_validate(yaml_dict())
     text = spec.canonical_json()
     assert text == json.dumps(json.loads(text), sort_keys=True, separators=(",", ":"))
     assert spec.run_id == hashlib.sha256(text.encode()).hexdigest()[:8]
@@ -110,13 +111,13 @@ def test_float_spelling_does_not_change_the_id(tmp_path):
 
 
 def test_int_and_float_spelling_and_explicit_defaults_give_the_same_id():
-    a = ExperimentSpec.model_validate(spec_dict(entropy_coeff=0, weight_decay=0.01))
-    b = ExperimentSpec.model_validate(spec_dict())
+    a = ExperimentSpec.model_validate(yaml_dict(entropy_coeff=0, weight_decay=0.01))
+    b = ExperimentSpec.model_validate(yaml_dict())
     assert a.run_id == b.run_id
 
 
 def test_id_does_not_depend_on_key_order():
-    data = spec_dict(val={"n": 32, "every": 5, "temperature": 1.0, "top_p": 0.7})
+    data = yaml_dict(val={"n": 32, "every": 5, "temperature": 1.0, "top_p": 0.7})
     shuffled = {k: data[k] for k in reversed(list(data))}
     shuffled["val"] = {k: data["val"][k] for k in reversed(list(data["val"]))}
     shuffled["clip"] = {"eps_high": 0.28, "eps_low": 0.2}
@@ -133,7 +134,7 @@ def test_id_is_the_same_in_another_interpreter_with_another_hash_seed(tmp_path):
 
 
 def test_every_field_takes_part_in_the_id():
-    base = ExperimentSpec.model_validate(spec_dict())
+    base = ExperimentSpec.model_validate(yaml_dict())
     for change in (
         {"seed": 1},
         {"optimizer": "schedule_free"},
@@ -141,7 +142,7 @@ def test_every_field_takes_part_in_the_id():
         {"clip": {"eps_low": 0.2, "eps_high": 0.28, "c": 3.0}},
         {"backend": "local"},
     ):
-        assert ExperimentSpec.model_validate(spec_dict(**change)).run_id != base.run_id, change
+        assert ExperimentSpec.model_validate(yaml_dict(**change)).run_id != base.run_id, change
 
 
 # ---------------------------------------------------------------------------------------------
@@ -161,31 +162,31 @@ def test_every_field_takes_part_in_the_id():
     ],
 )
 def test_loss_name_and_advantage_estimator(changes, loss, estimator):
-    spec = ExperimentSpec.model_validate(spec_dict(**changes))
+    spec = ExperimentSpec.model_validate(yaml_dict(**changes))
     assert (spec.loss_name, spec.advantage_estimator) == (loss, estimator)
 
 
 def test_context_lengths_and_dapo_defaults():
     # "Nk" is N x 1024 prompt tokens and N x 1024 response tokens (the paper's 4,096 tokens for 2K)
     assert CONTEXT_LENGTHS == {"2k": (2048, 2048), "4k": (4096, 4096), "8k": (8192, 8192)}
-    spec = ExperimentSpec.model_validate(spec_dict(context="8k"))
+    spec = ExperimentSpec.model_validate(yaml_dict(context="8k"))
     assert (spec.max_prompt_length, spec.max_response_length) == (8192, 8192)
     assert spec.dynamic_sampling is None and spec.overlong is None  # the tricks are off unless asked for
-    dapo = ExperimentSpec.model_validate(spec_dict(algorithm="dapo", kl="none", beta=0))
+    dapo = ExperimentSpec.model_validate(yaml_dict(algorithm="dapo", kl="none", beta=0))
     assert dapo.canonical()["dynamic_sampling"] == {"gen_batches": 3, "max_num_gen_batches": 20}
     assert dapo.canonical()["overlong"] == {"buffer": 512, "penalty_factor": 1.0}
     plain = ExperimentSpec.model_validate(
-        spec_dict(algorithm="dapo", kl="none", beta=0, dynamic_sampling="off", overlong=False)
+        yaml_dict(algorithm="dapo", kl="none", beta=0, dynamic_sampling="off", overlong=False)
     )
     assert plain.dynamic_sampling is None and plain.overlong is None
     assert ExperimentSpec.model_validate(plain.canonical()) == plain  # the canonical form round-trips
 
 
 def test_tricks_and_kl_loss_on_other_algorithms():
-    rpg = ExperimentSpec.model_validate(spec_dict(dynamic_sampling=True, overlong={"buffer": 256}))
+    rpg = ExperimentSpec.model_validate(yaml_dict(dynamic_sampling=True, overlong={"buffer": 256}))
     assert rpg.dynamic_sampling.max_num_gen_batches == 20 and rpg.overlong.buffer == 256
     rfpp = ExperimentSpec.model_validate(
-        spec_dict(algorithm="reinforce_pp", kl="none", beta=0, kl_loss={"estimator": "k1", "coef": 1e-4})
+        yaml_dict(algorithm="reinforce_pp", kl="none", beta=0, kl_loss={"estimator": "k1", "coef": 1e-4})
     )
     assert (rfpp.kl_loss.estimator, rfpp.kl_loss.coef) == ("k1", 1e-4)
 
@@ -198,7 +199,7 @@ def test_clip_off_and_every_reference(tmp_path):
 
 
 def test_spec_is_frozen():
-    spec = ExperimentSpec.model_validate(spec_dict())
+    spec = ExperimentSpec.model_validate(yaml_dict())
     with pytest.raises(pydantic.ValidationError):
         spec.lr = 1.0  # type: ignore[misc]
 
@@ -272,7 +273,7 @@ def test_invalid_combinations(changes, path, allowed):
     from rpg_cli.spec.errors import _validate
 
     with pytest.raises(SpecError) as info:
-        _validate(ExperimentSpec, spec_dict(**changes))
+        _validate(ExperimentSpec, yaml_dict(**changes))
     assert info.value.path == path
     assert allowed in info.value.reason
 
@@ -357,7 +358,7 @@ def test_cell_errors_name_the_cell(tmp_path):
 
 
 def sweep(grid: dict | None = None, **fields) -> SweepSpec:
-    return SweepSpec.model_validate({"name": "t", "base": spec_dict(), "grid": grid or {}, **fields})
+    return SweepSpec.model_validate({"name": "t", "base": yaml_dict(), "grid": grid or {}, **fields})
 
 
 def cells(s: SweepSpec) -> list[tuple]:
@@ -450,7 +451,7 @@ def test_a_value_written_in_a_cells_own_include_entry_is_explicit_and_never_coll
     assert f"{field}: " in message and words in message
     assert "(set in include[0]" in message  # where it was written
     # the same value from base or a grid axis collapses as designed
-    base = {**spec_dict(), **{k: v for k, v in entry.items() if k != "algorithm"}}
+    base = {**yaml_dict(), **{k: v for k, v in entry.items() if k != "algorithm"}}
     grid = SweepSpec.model_validate({"name": "t", "base": base, "grid": {"algorithm": [entry["algorithm"], "rpg"]}})
     assert {x.algorithm for x in grid.expand()} == {entry["algorithm"], "rpg"}
 

@@ -18,6 +18,7 @@ import tempfile
 from pathlib import Path
 
 import pytest
+from conftest import make_spec
 
 verl = pytest.importorskip("verl", reason="the verl extra is not installed")
 
@@ -685,27 +686,19 @@ def build_tiny_model_and_data(root: Path) -> tuple[Path, Path]:
 @pytest.mark.slow
 def test_main_ppo_on_a_cpu_machine_passes_validation_and_fails_readably_at_the_gpu_check(tmp_path):
     model_dir, data = build_tiny_model_and_data(tmp_path)
-    spec = ExperimentSpec.model_validate(
-        dict(
-            algorithm="rpg",
-            kl="urkl",
-            beta=1e-4,
-            clip={"eps_low": 0.2, "eps_high": 0.28},
-            optimizer="schedule_free",
-            context="2k",
-            reference="frozen",
-            model=str(model_dir),
-            data={"train_files": [str(data)], "val_files": [str(data)]},
-            train_batch_size=2,
-            rollout_n=2,
-            ppo_mini_batch_size=1,
-            lr=1e-5,
-            steps=2,
-            seed=0,
-            save_every=1,
-            backend="verl",
-            resources={"nodes": 1, "gpus_per_node": 1, "cpus": 1},
-        )
+    spec = make_spec(
+        beta=1e-4,
+        optimizer="schedule_free",
+        reference="frozen",
+        model=str(model_dir),
+        data={"train_files": [str(data)], "val_files": [str(data)]},
+        train_batch_size=2,
+        ppo_mini_batch_size=1,
+        lr=1e-5,
+        steps=2,
+        save_every=1,
+        backend="verl",
+        resources={"nodes": 1, "gpus_per_node": 1, "cpus": 1},
     )
     run_dir = tmp_path / "run"
     run_dir.mkdir()

@@ -9,6 +9,7 @@ import json
 from pathlib import Path
 
 import pytest
+from conftest import make_spec
 
 verl = pytest.importorskip("verl", reason="the verl extra is not installed")
 
@@ -23,27 +24,15 @@ VERL_CONFIG_DIR = str(Path(verl.__file__).parent / "trainer" / "config")
 
 
 def cell(reference) -> ExperimentSpec:
-    return ExperimentSpec.model_validate(
-        dict(
-            algorithm="rpg_reinforce",
-            kl="urkl",
-            beta=1e-3,
-            clip={"eps_low": 0.2, "eps_high": 0.28},
-            optimizer="adamw",
-            context="2k",
-            reference=reference,
-            model="Qwen/Qwen3-4B",
-            data={"train_files": ["t.parquet"]},
-            train_batch_size=8,
-            rollout_n=2,
-            ppo_mini_batch_size=4,
-            lr=1e-6,
-            steps=10,
-            seed=0,
-            save_every=5,
-            backend="verl",
-            resources={"nodes": 1, "gpus_per_node": 2, "cpus": 2},
-        )
+    """A verl run on two GPUs with the given reference."""
+    return make_spec(
+        algorithm="rpg_reinforce",
+        reference=reference,
+        model="Qwen/Qwen3-4B",
+        train_batch_size=8,
+        ppo_mini_batch_size=4,
+        backend="verl",
+        resources={"nodes": 1, "gpus_per_node": 2, "cpus": 2},
     )
 
 
