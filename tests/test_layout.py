@@ -159,3 +159,13 @@ def test_backends_supply_their_part_through_their_launch_module():
     assert failure_reason("hf", "") == "the job failed without output"  # a model `rpg eval` recorded: no backend
     assert callable(launcher("verl").check_install) and not hasattr(launcher("local"), "check_install")
     assert all(callable(launcher(backend).preflight) for backend in ("verl", "local"))  # rpg_cli/inputs.py
+
+
+def test_architecture_md_names_every_package_and_module_of_the_top_level():
+    """ARCHITECTURE.md is the map: every package and top-level module of rpg_cli/ is on it."""
+    text = (REPO / "ARCHITECTURE.md").read_text()
+    package = REPO / "rpg_cli"
+    names = [p.name for p in package.iterdir() if (p / "__init__.py").exists()]
+    names += [p.name for p in package.glob("*.py") if not p.name.startswith("_")]
+    missing = [name for name in sorted(names) if (name if name.endswith(".py") else f"{name}/") not in text]
+    assert not missing, f"ARCHITECTURE.md does not name {missing}"

@@ -135,7 +135,9 @@ def test_each_algorithm_family_learns_the_toy_task(family, toy, tmp_path):
     before = lines[0]["data"][VAL_KEY]  # step 0: the starting policy
     after = lines[-1]["data"][VAL_KEY]
     assert lines[0]["step"] == 0 and lines[-1]["step"] == 150
-    assert before < 0.25  # the warmed-up toy model guesses
+    # the warmed-up toy model answers "Answer: a" half of the time and a random digit otherwise (datasets/toy.py):
+    # 0.55 where b = 0, 0.05 where b = 1, 0.30 in all; it has to learn to add b
+    assert before < 0.4
     assert after >= before + 0.1, f"{family}: validation accuracy {before:.3f} -> {after:.3f}"
 
 

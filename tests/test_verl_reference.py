@@ -52,6 +52,7 @@ def test_verl_0_9_1_names_the_reference_hook_relies_on():
     import transfer_queue
     import verl.trainer.main_ppo as main_ppo
     from verl.single_controller.base.decorator import MAGIC_ATTR, Dispatch
+    from verl.single_controller.ray.base import ResourcePoolManager
     from verl.trainer.ppo.v1 import trainer_base
     from verl.trainer.ppo.v1.trainer_sync import PPOTrainerSync
     from verl.workers.engine_workers import ActorRolloutRefWorker, TrainingWorker
@@ -88,6 +89,7 @@ def test_verl_0_9_1_names_the_reference_hook_relies_on():
     # the worker class it replaces, the worker groups it calls, the checkpoint folder it writes into
     pool = source(trainer_base.PPOTrainer._init_resource_pool_mgr)
     assert "self.role_worker_mapping[role] = ray.remote(ActorRolloutRefWorker)" in pool
+    assert "self._check_resource_available()" in source(ResourcePoolManager.create_resource_pool)
     setup = source(trainer_base.PPOTrainer._setup)
     assert "self.ref_policy_wg = all_wg[str(actor_role)]" in setup and "self._load_checkpoint()" in setup
     assert 'f"global_step_{self.global_steps}"' in source(trainer_base.PPOTrainer._save_checkpoint)
@@ -139,7 +141,7 @@ def trainer_shell(reference, use_reference_policy=True):
     return trainer
 
 
-def test_rpg_trainer_is_verls_sync_trainer_with_rpgs_worker_and_schedule(tmp_path):
+def test_rpg_trainer_is_verls_sync_trainer_with_rpgs_worker_and_schedule(tmp_path, monkeypatch):
     spec = cell({"every": 3, "kl_target": 0.2})
     cfg = composed(spec, tmp_path)
     trainer = ref.RPGTrainer(cfg)
@@ -150,6 +152,10 @@ def test_rpg_trainer_is_verls_sync_trainer_with_rpgs_worker_and_schedule(tmp_pat
     (worker,) = trainer.role_worker_mapping.values()
     assert worker.__ray_actor_class__ is ref.RPGActorRolloutRefWorker
     assert [str(role) for role in trainer.role_worker_mapping] == ["actor_rollout_ref"]
+    # verl's check of free GPUs (it fails a run that others' runs make wait) is rpg's admission: 0 GPUs in all
+    monkeypatch.setattr(ref.ray, "cluster_resources", lambda: {"CPU": 2.0})
+    with pytest.raises(ValueError, match="Total available GPUs 0 is less than total desired GPUs 2"):
+        trainer.resource_pool_manager._check_resource_available()
 
 
 def test_the_hook_resets_before_the_steps_the_schedule_names():

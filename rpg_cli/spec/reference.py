@@ -3,6 +3,7 @@ definition (the local trainer and verl's `rpg_cli.backends.verl.reference`); pur
 
 from __future__ import annotations
 
+from rpg_cli.metrics import REF_AGE, REF_KL, REF_KL_EMA, REF_RESETS
 from rpg_cli.spec.models import DEFAULT_KL_EMA, Every
 
 
@@ -55,10 +56,10 @@ class ReferenceTracker:
 
     def metrics(self, step: int) -> dict[str, float]:
         return {
-            "ref/resets": float(self.resets),
-            "ref/steps_since_reset": float(step - self.born),
-            "ref/kl": self.kl,
-            "ref/kl_ema": self.ema,
+            REF_RESETS: float(self.resets),
+            REF_AGE: float(step - self.born),
+            REF_KL: self.kl,
+            REF_KL_EMA: self.ema,
         }
 
     def state_dict(self) -> dict[str, float]:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import secrets
 import shutil
 import signal
 import socket
@@ -36,6 +37,7 @@ SITE = [
     "actor_rollout_ref.rollout.agent.num_workers=1",
     "reward.num_workers=1",
     "transfer_queue.backend.SimpleStorage.num_data_storage_units=1",
+    "data.dataloader_num_workers=0",  # 8 forked loader processes per run, for 18 problems
 ]
 STAND_INS = {
     "PYTHONPATH": str(E2E),
@@ -56,10 +58,17 @@ def free_ports(n: int) -> list[int]:
             s.close()
 
 
+# The head's token (Ray's token authentication, as a secured cluster runs it): every client here sends it. Its own
+# file, so that ~/.ray/auth_token, whose mere presence switches Ray's authentication on, decides nothing.
+TOKEN_FILE = Path(tempfile.mkdtemp(prefix="rpge2etoken")) / "auth_token"
+
+
 def environment(**extra: str) -> dict[str, str]:
-    """This process's environment with the e2e environment's programs first, no ambient cluster or store."""
-    env = {k: v for k, v in os.environ.items() if k not in ("RAY_ADDRESS", "RPG_DB")}
-    return {**env, "PATH": f"{BIN}{os.pathsep}{env.get('PATH', '')}", **extra}
+    """This process's environment with the e2e environment's programs first, the head's token, and no ambient
+    cluster or store."""
+    env = {k: v for k, v in os.environ.items() if k not in ("RAY_ADDRESS", "RPG_DB", "RAY_AUTH_TOKEN")}
+    auth = {"RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN_PATH": str(TOKEN_FILE)}
+    return {**env, "PATH": f"{BIN}{os.pathsep}{env.get('PATH', '')}", **auth, **extra}
 
 
 @pytest.fixture(scope="session")
@@ -82,6 +91,8 @@ def ray_head():
     import psutil
 
     temp = Path(tempfile.mkdtemp(prefix="rpge2e"))  # short: Ray's socket paths have a length limit
+    TOKEN_FILE.write_text(secrets.token_hex(32))
+    TOKEN_FILE.chmod(0o600)
     gcs, dashboard, client, agent_http, agent_grpc, metrics, runtime_env = free_ports(7)
     head = subprocess.Popen(
         [
@@ -114,7 +125,10 @@ def ray_head():
         deadline = time.monotonic() + 120
         while True:
             with contextlib.suppress(OSError):
-                urllib.request.urlopen(f"{address}/api/version", timeout=2).read()
+                request = urllib.request.Request(
+                    f"{address}/api/version", headers={"Authorization": f"Bearer {TOKEN_FILE.read_text()}"}
+                )
+                urllib.request.urlopen(request, timeout=2).read()
                 break
             if head.poll() is not None or time.monotonic() > deadline:
                 pytest.fail(f"the Ray head did not start:\n{(temp / 'head.log').read_text()[-3000:]}")
@@ -131,6 +145,7 @@ def ray_head():
                 os.kill(pid, signal.SIGKILL)
         head.wait(timeout=30)
         shutil.rmtree(temp, ignore_errors=True)
+        shutil.rmtree(TOKEN_FILE.parent, ignore_errors=True)
 
 
 @pytest.fixture(scope="session")
@@ -189,7 +204,7 @@ def workdir(tmp_path_factory) -> Path:
         "base": {
             **base,
             **rpg,
-            "steps": 3,
+            "steps": 4,
             "data": {"train_files": [str(toy / "train.parquet")]},  # no validation
             "verl": {"site": SITE, "env": {**STAND_INS, "RPG_E2E_SKIP_WEIGHT_SYNC": "1"}},
         },

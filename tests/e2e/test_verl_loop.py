@@ -11,9 +11,12 @@ from pathlib import Path
 
 import pytest
 
+from rpg_cli.metrics import EMITTED_BY_BOTH
 from rpg_cli.store import open_store
 
-# rollout/actor probability gap (verl's training/rollout_probs_diff_max) with the weights synced: bf16 noise
+# verl's rollout/actor probability gap: the largest difference, over the step's tokens, between the probability
+# vLLM sampled with and the one the actor computes; with the weights synced it is bf16 noise
+GAP = "training/rollout_probs_diff_max"
 SYNCED_GAP = 0.03
 
 
@@ -45,6 +48,10 @@ def resumed(run_rpg, ray_head, first_sweep):
     return run_rpg("sweep", "e2e.yaml", "--address", ray_head, "--retry-failed")
 
 
+def gaps(metrics: dict[int, dict]) -> dict[int, float]:
+    return {step: values[GAP] for step, values in metrics.items() if values.get(GAP) is not None}
+
+
 def test_grpo_and_dapo_train_validate_and_checkpoint(workdir, first_sweep):
     assert "succeeded 2" in first_sweep.stdout and "failed 1" in first_sweep.stdout, first_sweep.stdout[-3000:]
     for algorithm in ("grpo", "dapo"):
@@ -55,6 +62,15 @@ def test_grpo_and_dapo_train_validate_and_checkpoint(workdir, first_sweep):
         assert (run.run_dir / "checkpoints" / "global_step_2" / "actor" / "huggingface").is_dir()
     _, grpo, _ = run_of(workdir, "grpo")
     assert all(grpo[step]["actor/kl_loss"] >= 0 for step in (1, 2))  # the frozen reference's clamped k3 (>= 0)
+
+
+def test_every_training_line_carries_the_metrics_both_backends_promise(workdir, first_sweep):
+    run, _, _ = run_of(workdir, "grpo")  # one attempt: its file holds every step
+    lines = [json.loads(line) for line in run.metrics_path.read_text().splitlines()]
+    training = [line for line in lines if line["step"] > 0]
+    assert [line["step"] for line in training] == [1, 2]
+    for line in training:
+        assert set(line["data"]) >= EMITTED_BY_BOTH, sorted(EMITTED_BY_BOTH - set(line["data"]))
 
 
 def test_the_killed_job_is_a_failed_run_with_its_metrics_through_the_checkpoint(workdir, first_sweep):
@@ -84,16 +100,20 @@ def test_retry_resumes_from_the_checkpoint_with_its_reference_and_loses_no_row(w
 def test_every_update_reaches_vllm(workdir, run_rpg, ray_head, resumed):
     """verl measures how far vLLM's sampling probabilities are from the trained actor's on the same tokens:
     small after every update, and large when vLLM is made to keep the initial weights."""
-    for algorithm in ("rpg_reinforce", "grpo", "dapo"):
+    synced = {}
+    for algorithm, steps in (("rpg_reinforce", 5), ("grpo", 2), ("dapo", 2)):
         _, metrics, _ = run_of(workdir, algorithm)
-        gaps = [values["training/rollout_probs_diff_max"] for values in metrics.values() if values]
-        gaps = [g for g in gaps if g is not None]
-        assert gaps and max(gaps) < SYNCED_GAP, (algorithm, gaps)
+        synced[algorithm] = gaps(metrics)
+        assert sorted(synced[algorithm]) == list(range(1, steps + 1)), synced  # every step measured
+    noise = max(gap for run in synced.values() for gap in run.values())
+    assert noise < SYNCED_GAP, synced
     control = run_rpg("sweep", "control.yaml", "--address", ray_head)
     assert control.returncode == 0, control.stdout[-3000:] + control.stderr[-3000:]
     _, metrics, _ = run_of(workdir, "rpg_reinforce", sweep="e2e-control")
-    stale = metrics[3]["training/rollout_probs_diff_max"]
-    assert stale > 3 * SYNCED_GAP, metrics[3]
+    stale = gaps(metrics)
+    assert sorted(stale) == [1, 2, 3, 4], stale
+    assert stale[1] < SYNCED_GAP  # before any update vLLM has the initial weights, synced or not
+    assert max(stale[3], stale[4]) > max(3 * noise, SYNCED_GAP), (stale, synced)
 
 
 def test_rpg_eval_samples_through_vllm_and_the_report_keeps_its_own_section(workdir, run_rpg, ray_head, resumed):

@@ -258,6 +258,8 @@ def overrides(spec: ExperimentSpec, run_dir: Path) -> list[str]:
         "trainer.logger": ["console", "file", *verl_loggers(spec)],  # `file` is what rpg ingests
         "trainer.project_name": spec.trackers.project if spec.trackers else "rpg",
         "trainer.experiment_name": spec.run_name,
+        # a namespace of the run's own on a shared Ray cluster: what verl's TransferQueue names (isolation.py)
+        "+ray_kwargs.ray_init.namespace": f"rpg-{spec.run_id}",
     }
     if spec.optimizer == "schedule_free":
         values[f"{actor}.optim.optimizer"] = "AdamWScheduleFree"

@@ -18,6 +18,8 @@ verl logs entry-point failures only at debug level). Importing it:
   worker, no reference forward pass) and the wrapper turns it on for the loss with old_log_probs in the
   place of ref_log_prob; verl's kl_penalty and agg_loss compute the term as for a frozen reference.
 - imports `reference`, which registers rpg's trainer (the iterative reference) with verl.
+- puts TransferQueue's named actors into the run's own Ray namespace (`isolation.py`): several runs share a
+  cluster.
 """
 
 from __future__ import annotations
@@ -33,6 +35,7 @@ from verl.trainer.ppo.core_algos import POLICY_LOSS_REGISTRY, register_policy_lo
 from verl.workers.config import PolicyLossConfig
 
 from rpg_cli.algorithms import LOSS_NAMES, policy_loss
+from rpg_cli.backends.verl.isolation import per_run_transfer_queue
 from rpg_cli.metrics import PG_LOSS, loss_metrics
 
 # modules that bind verl's ppo_loss by name (`from verl.workers.utils.losses import ppo_loss`)
@@ -219,6 +222,7 @@ def registered_names() -> list[str]:
 for _name in LOSS_NAMES:
     _register(_name)
 _install_ppo_loss_wrapper()
+per_run_transfer_queue()  # several runs on one Ray cluster: each its own TransferQueue (isolation.py)
 
 # rpg's trainer and worker for the iterative reference (registered with verl's register_trainer on import)
 from rpg_cli.backends.verl import reference  # noqa: E402, F401

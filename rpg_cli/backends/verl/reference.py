@@ -50,6 +50,7 @@ from verl.utils.debug import marked_timer
 from verl.workers.engine_workers import ActorRolloutRefWorker
 
 from rpg_cli.algorithms.kl import reference_kl
+from rpg_cli.backends.verl.admission import admit
 from rpg_cli.backends.verl.launch import RPG_TRAINER, reference_from_config
 from rpg_cli.spec import Every
 from rpg_cli.spec.reference import ReferenceTracker
@@ -165,6 +166,10 @@ class RPGTrainer(PPOTrainerSync):
         for role, worker in list(self.role_worker_mapping.items()):
             if getattr(worker, "__ray_actor_class__", worker) is ActorRolloutRefWorker:
                 self.role_worker_mapping[role] = ray.remote(RPGActorRolloutRefWorker)
+        manager = self.resource_pool_manager  # wait for GPUs other runs hold, instead of failing (admission.py)
+        manager._check_resource_available = lambda: admit(
+            manager.get_n_gpus(), ray.cluster_resources, ray.available_resources
+        )
 
     def _setup(self):
         super()._setup()

@@ -1,0 +1,46 @@
+"""A verl run waits for its GPUs while other runs hold them, instead of failing.
+
+verl 0.9.1 checks, before it reserves its placement groups, that the Ray cluster has the run's GPUs *free*
+(`ResourcePoolManager._check_resource_available`) and fails the job otherwise ("Total available GPUs 0 is less
+than total desired GPUs 8"). `rpg sweep` submits every run of a sweep at once, so on a cluster with fewer free
+GPUs than the sweep needs, every run but the first few failed at start (found by the end-to-end test, whose
+Ray head has one GPU for three runs). rpg's trainer uses `admit` in its place: a run the cluster could never
+hold fails as before, with verl's message; any other waits until its GPUs are free, then reserves them.
+
+Runs of one node reserve one placement group each, which Ray grants whole. A run of several nodes reserves one
+per node; two such runs that see free GPUs at the same moment could each get part of what they need and wait
+for each other, so the wait polls at random intervals, which makes that unlikely, not impossible.
+"""
+
+from __future__ import annotations
+
+import random
+import time
+from collections.abc import Callable
+
+
+def gpus(resources: dict[str, float]) -> float:
+    """The GPUs in a Ray resource dict, as verl counts them (GPU, else NPU)."""
+    return resources.get("GPU", resources.get("NPU", 0.0))
+
+
+def admit(
+    required: int,
+    cluster: Callable[[], dict[str, float]],
+    available: Callable[[], dict[str, float]],
+    poll_s: tuple[float, float] = (5.0, 15.0),
+    say: Callable[[str], None] = print,
+    sleep: Callable[[float], None] = time.sleep,
+) -> None:
+    """Return once `required` GPUs are free; ValueError (verl's own message) if the cluster has fewer in all."""
+    total = gpus(cluster())
+    if total < required:
+        raise ValueError(f"Total available GPUs {total:g} is less than total desired GPUs {required}")
+    waited = False
+    while (free := gpus(available())) < required:
+        if not waited:
+            say(f"rpg: waiting for {required} GPU(s), {free:g} of the cluster's {total:g} free: other runs hold them")
+            waited = True
+        sleep(random.uniform(*poll_s))
+    if waited:
+        say(f"rpg: {free:g} GPU(s) free, reserving {required}")
