@@ -14,10 +14,11 @@ import pytest
 from rpg_cli.metrics import EMITTED_BY_BOTH
 from rpg_cli.store import open_store
 
-# verl's rollout/actor probability gap: the largest difference, over the step's tokens, between the probability
-# vLLM sampled with and the one the actor computes; with the weights synced it is bf16 noise
-GAP = "training/rollout_probs_diff_max"
-SYNCED_GAP = 0.03
+# verl's measures of how far vLLM's sampling distribution is from the actor's on the step's tokens: the largest
+# probability difference (a max over ~80 tokens here: noisy), and a k3 estimate of the KL between the two (a mean:
+# steady). With the weights synced both are bf16 noise (measured: gap <= 0.03, KL <= 1e-4).
+GAP, KL = "training/rollout_probs_diff_max", "rollout_corr/k3_kl"
+SYNCED_GAP, SYNCED_KL = 0.05, 3e-4
 
 
 def store(workdir: Path):
@@ -48,8 +49,8 @@ def resumed(run_rpg, ray_head, first_sweep):
     return run_rpg("sweep", "e2e.yaml", "--address", ray_head, "--retry-failed")
 
 
-def gaps(metrics: dict[int, dict]) -> dict[int, float]:
-    return {step: values[GAP] for step, values in metrics.items() if values.get(GAP) is not None}
+def per_step(metrics: dict[int, dict], key: str) -> dict[int, float]:
+    return {step: values[key] for step, values in metrics.items() if values.get(key) is not None}
 
 
 def test_grpo_and_dapo_train_validate_and_checkpoint(workdir, first_sweep):
@@ -100,20 +101,22 @@ def test_retry_resumes_from_the_checkpoint_with_its_reference_and_loses_no_row(w
 def test_every_update_reaches_vllm(workdir, run_rpg, ray_head, resumed):
     """verl measures how far vLLM's sampling probabilities are from the trained actor's on the same tokens:
     small after every update, and large when vLLM is made to keep the initial weights."""
-    synced = {}
+    synced_gap, synced_kl = {}, {}
     for algorithm, steps in (("rpg_reinforce", 5), ("grpo", 2), ("dapo", 2)):
         _, metrics, _ = run_of(workdir, algorithm)
-        synced[algorithm] = gaps(metrics)
-        assert sorted(synced[algorithm]) == list(range(1, steps + 1)), synced  # every step measured
-    noise = max(gap for run in synced.values() for gap in run.values())
-    assert noise < SYNCED_GAP, synced
+        synced_gap[algorithm], synced_kl[algorithm] = per_step(metrics, GAP), per_step(metrics, KL)
+        assert sorted(synced_gap[algorithm]) == sorted(synced_kl[algorithm]) == list(range(1, steps + 1))
+    assert max(g for run in synced_gap.values() for g in run.values()) < SYNCED_GAP, synced_gap
+    noise = max(kl for run in synced_kl.values() for kl in run.values())
+    assert noise < SYNCED_KL, synced_kl
     control = run_rpg("sweep", "control.yaml", "--address", ray_head)
     assert control.returncode == 0, control.stdout[-3000:] + control.stderr[-3000:]
     _, metrics, _ = run_of(workdir, "rpg_reinforce", sweep="e2e-control")
-    stale = gaps(metrics)
+    stale = per_step(metrics, KL)
     assert sorted(stale) == [1, 2, 3, 4], stale
-    assert stale[1] < SYNCED_GAP  # before any update vLLM has the initial weights, synced or not
-    assert max(stale[3], stale[4]) > max(3 * noise, SYNCED_GAP), (stale, synced)
+    assert stale[1] <= noise  # before any update vLLM has the initial weights, synced or not
+    updated = [stale[step] for step in (2, 3, 4)]  # after 1, 2, 3 updates vLLM never took
+    assert sum(updated) / 3 > max(5 * noise, SYNCED_KL), (stale, synced_kl)
 
 
 def test_rpg_eval_samples_through_vllm_and_the_report_keeps_its_own_section(workdir, run_rpg, ray_head, resumed):
