@@ -666,6 +666,14 @@ def test_an_offline_reexport_in_the_same_second_replaces_the_earlier_one(tmp_pat
 def test_export_to_mlflow_twice_logs_each_step_once_and_adds_what_is_new(tmp_path, offline_env):
     db, plans = synthetic_store(tmp_path)
     uri = f"file:{tmp_path / 'mlruns'}"
+    first = CliRunner().invoke(app, ["export", "--to", "mlflow", "--sweep", "sw", "--db", db, "--tracking-uri", uri])
+    assert first.exit_code == 0, first.output
+    # one progress line per run on stderr, as it goes: 4 steps, 5 metric names (3 logged, 2 evals)
+    progress = first.stderr.splitlines()
+    assert [line.split(": ")[0] for line in progress] == [f"exported {i}/4" for i in range(1, 5)], progress
+    assert sorted(line.split(": ")[1].split(" (")[0] for line in progress) == sorted(f"sw/{p.name}" for p in plans)
+    assert all("(4 steps, 5 metrics) -> file:" in line for line in progress), progress
+    assert first.stdout.strip() == "exported 4 of 4 run(s) to mlflow"
     export_twice(["--to", "mlflow", "--sweep", "sw", "--db", db, "--tracking-uri", uri])
     for i, p in enumerate(plans):
         (found,) = mlflow_runs(uri, "rpg", p.id)  # one run per rpg run
@@ -691,8 +699,6 @@ def test_export_to_mlflow_twice_logs_each_step_once_and_adds_what_is_new(tmp_pat
 @needs_mlflow
 def test_export_errors_are_one_line(tmp_path, offline_env, monkeypatch):
     db, _ = synthetic_store(tmp_path)
-    monkeypatch.setenv("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "0")  # the unreachable server: fail at once
-    monkeypatch.setenv("MLFLOW_HTTP_REQUEST_TIMEOUT", "5")
     for args, words, env_uri in [
         (["--to", "neptune"], "unknown tracker 'neptune'; allowed: wandb, tensorboard, mlflow", None),
         (["--to", "tensorboard", "--sweep", "nope"], "no runs of sweep 'nope' in the store", None),
@@ -703,10 +709,12 @@ def test_export_errors_are_one_line(tmp_path, offline_env, monkeypatch):
         ),
         (["--to", "mlflow"], "MLFLOW_TRACKING_URI: credentials", "https://me:hunter2@mlflow.example.org"),
         (
-            ["--to", "mlflow", "--tracking-uri", "http://127.0.0.1:9"],
-            "cannot open the MLflow run at http://127.0.0.1:9",
+            ["--to", "mlflow", "--tracking-uri", f"http://127.0.0.1:{closed_port()}"],
+            "cannot reach the MLflow server at http://127.0.0.1:",
             None,
         ),
+        (["--to", "tensorboard", "--timeout", "0"], "--timeout 0: give a positive number of seconds", None),
+        (["--to", "tensorboard", "--timeout", "nan"], "--timeout nan: give a positive number of seconds", None),
     ]:
         if env_uri:
             monkeypatch.setenv("MLFLOW_TRACKING_URI", env_uri)
@@ -717,6 +725,168 @@ def test_export_errors_are_one_line(tmp_path, offline_env, monkeypatch):
         assert len(result.output.strip().splitlines()) == 1 and "hunter2" not in result.output
     missing = CliRunner().invoke(app, ["export", "--to", "wandb", "--db", str(tmp_path / "none.db")])
     assert missing.exit_code == 2 and "no results database" in missing.output
+
+
+def closed_port() -> int:
+    """A port of 127.0.0.1 nothing listens on (bound, then released): a connection is refused at once."""
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture
+def silent_port():
+    """A port of 127.0.0.1 that accepts connections (the kernel completes them) and never answers:
+    a server that hangs. Closed by the test."""
+    import socket
+
+    server = socket.socket()
+    server.bind(("127.0.0.1", 0))
+    server.listen(16)
+    yield server.getsockname()[1]
+    server.close()
+
+
+@pytest.fixture
+def health_only_port():
+    """An HTTP server on 127.0.0.1 that answers /health and never answers anything else (until the
+    test ends): a tracking server that passes the check, then hangs."""
+    import http.server
+    import threading
+
+    release = threading.Event()
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def do_GET(self):
+            if self.path.endswith("/health"):
+                self.send_response(200)
+                self.end_headers()
+                self.wfile.write(b"OK")
+            else:
+                release.wait(120)
+
+        do_POST = do_GET
+
+        def log_message(self, *args):
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    server.daemon_threads = True
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    yield server.server_port
+    release.set()
+    server.shutdown()
+    server.server_close()
+
+
+def rpg_export(args: list[str], env: dict[str, str], limit: float = 60.0) -> tuple[int, str, str, float]:
+    """`rpg export ARGS` as a process of its own (the real CLI, a fresh wandb/mlflow): rc, stdout,
+    stderr, seconds; a run past `limit` fails the test (the libraries' own waits are minutes)."""
+    import subprocess
+    import sys
+    import time
+
+    start = time.monotonic()
+    done = subprocess.run(
+        [sys.executable, "-m", "rpg_cli", "export", *args], env=env, capture_output=True, text=True, timeout=limit
+    )
+    return done.returncode, done.stdout, done.stderr, time.monotonic() - start
+
+
+def export_env(tmp_path: Path, **extra: str) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("WANDB_", "MLFLOW_"))}
+    return {**env, "WANDB_CONFIG_DIR": str(tmp_path / "wandb-config"), "WANDB_SILENT": "true", **extra}
+
+
+STARTUP_S = 8.0  # slack for the process to start and open the store, on a loaded machine
+
+
+@needs_mlflow
+def test_export_to_an_mlflow_server_that_never_answers_stops_within_the_timeout(tmp_path, silent_port):
+    db, _ = synthetic_store(tmp_path)
+    uri = f"http://127.0.0.1:{silent_port}"
+    rc, out, err, seconds = rpg_export(
+        ["--to", "mlflow", "--db", db, "--tracking-uri", uri, "--timeout", "2"], export_env(tmp_path)
+    )
+    assert rc == 2 and out == "", (rc, out, err)
+    assert err.splitlines() == [
+        f"rpg export: trackers.mlflow: cannot reach the MLflow server at {uri} (no answer within 2 s); check "
+        "--tracking-uri (or MLFLOW_TRACKING_URI) and that the server is up, or give it longer with --timeout SECONDS"
+    ]
+    assert 2 <= seconds < 2 + STARTUP_S, seconds  # it waited the timeout, and no more
+
+
+@needs_mlflow
+def test_export_to_a_closed_port_stops_at_once_not_after_the_timeout(tmp_path):
+    db, _ = synthetic_store(tmp_path)
+    uri = f"http://127.0.0.1:{closed_port()}/"
+    rc, out, err, seconds = rpg_export(
+        ["--to", "mlflow", "--db", db, "--tracking-uri", uri, "--timeout", "30"], export_env(tmp_path)
+    )
+    assert rc == 2 and out == "", (rc, out, err)
+    (line,) = err.splitlines()
+    assert line.startswith(f"rpg export: trackers.mlflow: cannot reach the MLflow server at {uri} (connection refused)")
+    assert seconds < STARTUP_S, seconds  # at once: no retries, no waiting for the 30 s
+
+
+@needs_mlflow
+def test_an_mlflow_server_that_hangs_after_the_check_is_bounded_by_the_timeout_too(tmp_path, health_only_port):
+    """The check passes; MLflow's own requests then wait --timeout each and are not retried (its defaults:
+    120 s, 7 retries with backoff)."""
+    db, _ = synthetic_store(tmp_path)
+    uri = f"http://127.0.0.1:{health_only_port}"
+    rc, out, err, seconds = rpg_export(
+        ["--to", "mlflow", "--db", db, "--tracking-uri", uri, "--timeout", "2"], export_env(tmp_path)
+    )
+    assert rc == 2 and out == "", (rc, out, err)
+    (line,) = err.splitlines()
+    assert line.startswith(f"rpg export: trackers.mlflow: cannot open the MLflow run at {uri} ("), line
+    assert 2 <= seconds < 2 + STARTUP_S, seconds
+
+
+@needs_wandb
+def test_export_to_a_wandb_server_that_never_answers_stops_before_writing_anything(tmp_path, silent_port):
+    db, _ = synthetic_store(tmp_path)
+    base = f"http://rpg:hunter2@127.0.0.1:{silent_port}"  # a password in the URL is never printed
+    env = export_env(tmp_path, WANDB_BASE_URL=base, WANDB_API_KEY=SECRETS["WANDB_API_KEY"])
+    rc, out, err, seconds = rpg_export(
+        ["--to", "wandb", "--db", db, "--dir", str(tmp_path / "wb"), "--timeout", "2"], env
+    )
+    assert rc == 2 and out == "", (rc, out, err)
+    (line,) = err.splitlines()
+    assert line.startswith(
+        f"rpg export: trackers.wandb: cannot reach the W&B server at http://rpg:***@127.0.0.1:{silent_port} "
+        "(no answer within 2 s); check WANDB_BASE_URL"
+    ), line
+    assert "hunter2" not in err and SECRETS["WANDB_API_KEY"] not in err
+    assert 2 <= seconds < 2 + STARTUP_S, seconds
+    assert not (tmp_path / "wb").exists()  # nothing half-exported
+
+
+@needs_tensorboard
+def test_a_run_that_fails_midway_stops_the_export_with_one_line_saying_what_went(tmp_path, offline_env, monkeypatch):
+    db, plans = synthetic_store(tmp_path)
+    tracker, calls = TRACKERS["tensorboard"], []
+    export_run = tracker.export_run
+
+    def second_fails(info, *args):
+        calls.append(info.name)
+        if len(calls) == 2:
+            raise OSError(28, "No space left on device")  # what a library raises, not a TrackerError
+        return export_run(info, *args)
+
+    monkeypatch.setattr(tracker, "export_run", second_fails)
+    args = ["export", "--to", "tensorboard", "--sweep", "sw", "--db", db, "--dir", str(tmp_path / "tb")]
+    result = CliRunner().invoke(app, args)
+    assert result.exit_code == 2 and result.stdout == "", result.output
+    first, last = result.stderr.splitlines()
+    assert first.startswith(f"exported 1/4: sw/{calls[0]} (4 steps, 5 metrics) -> ")
+    assert last == (
+        f"rpg export: trackers.tensorboard: exporting sw/{calls[1]} failed (OSError: [Errno 28] No space left on "
+        "device); 1 of 4 run(s) were exported before it: run the command again, it adds only what is missing"
+    )
 
 
 def test_the_registry_and_the_specs_trackers_block_name_the_same_trackers():
@@ -742,7 +912,7 @@ def test_export_first_brings_live_runs_up_to_date_and_says_which_it_could_not(tm
     args = ["export", "--to", "tensorboard", "--sweep", "sw", "--db", db, "--dir", str(tmp_path / "tb")]
     result = CliRunner().invoke(app, [*args, "--runs-dir", str(tmp_path / "runs")])  # no head there
     assert result.exit_code == 0, result.output
-    (warning,) = [line for line in result.stderr.splitlines() if line.strip()]
+    (warning,) = [line for line in result.stderr.splitlines() if line.startswith("rpg export:")]
     assert warning.startswith("rpg export: 1 live run(s) taken as last recorded, possibly stale: no Ray cluster")
     assert "exported 4 of 4 run(s) to tensorboard" in result.stdout
     assert not (tmp_path / "runs" / "ray").exists()  # asking starts no head

@@ -15,6 +15,8 @@ from rpg_cli.cli.common import (
     sweep_option,
 )
 
+EXPORT_TIMEOUT_S = 30.0  # how long `rpg export` waits for a tracker's server, per request
+
 
 @rpg_command("export")
 def export_command(
@@ -42,10 +44,20 @@ def export_command(
     offline: bool = typer.Option(
         False, "--offline", help="W&B offline: write run files to upload later with `wandb sync`."
     ),
+    timeout: float = typer.Option(
+        EXPORT_TIMEOUT_S,
+        "--timeout",
+        metavar="SECONDS",
+        help="Seconds to wait for the tracker's server (MLflow, W&B online) per request. It is asked first: one "
+        "that does not answer stops the export before anything is written. MLflow then retries nothing "
+        "(unless MLFLOW_HTTP_REQUEST_MAX_RETRIES is set).",
+    ),
 ) -> None:
     """Push what the results store holds to W&B, TensorBoard or MLflow, for runs not tracked live.
 
-    Metrics go at their steps, evals at their checkpoints' steps, the spec as config. Runs are grouped
+    Metrics go at their steps, evals at their checkpoints' steps, the spec as config, one line per run
+    on stderr as it goes. The tracker's server is asked first: one that does not answer within --timeout
+    stops the export before anything is written. Runs are grouped
     by cell (seeds band together) and tagged with the sweep and its varying fields, as live runs are.
     Exporting again adds only what is new: no duplicate runs or steps. Runs that ended while no rpg
     watched them (--detach) are brought up to date from Ray first, their last metrics included.
@@ -65,25 +77,31 @@ def export_command(
 
     from rpg_cli.store import StoreError
     from rpg_cli.trackers import TrackerError
-    from rpg_cli.trackers.export import ExportOptions, export
+    from rpg_cli.trackers.export import Exported, ExportOptions, export
 
+    if not 0 < timeout < float("inf"):
+        fail("export", ValueError(f"--timeout {timeout:g}: give a positive number of seconds, e.g. --timeout 30"))
     options = ExportOptions(
         project=project,
         directory=Path(directory) if directory else None,
         tracking_uri=tracking_uri,
         entity=entity,
         offline=offline,
+        timeout=timeout,
     )
+
+    def progress(i: int, n: int, r: Exported) -> None:
+        if r.steps:
+            typer.echo(
+                f"exported {i}/{n}: {r.sweep}/{r.name} ({r.steps} steps, {r.metrics} metrics) -> {r.where}", err=True
+            )
+        else:
+            typer.echo(f"skipped {i}/{n}: {r.sweep}/{r.name} (nothing recorded)", err=True)
+
     with existing_store("export", db) as store:
         try:
             reconcile_shown("export", store, store.runs(sweep=sweep_name), address, runs_dir, marked=False)
-            done = export(
-                store,
-                to,
-                sweep_name,
-                options,
-                on_run=lambda r: typer.echo(f"{r.sweep}/{r.name}: {r.steps} steps -> {r.where}"),
-            )
+            done = export(store, to, sweep_name, options, on_run=progress)
         except (TrackerError, StoreError) as e:
             fail("export", e)
     typer.echo(f"exported {sum(r.steps > 0 for r in done)} of {len(done)} run(s) to {to}")

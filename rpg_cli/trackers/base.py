@@ -3,12 +3,19 @@ options of `rpg export`, its error, and how a writer is fed. Pure Python: no tra
 
 from __future__ import annotations
 
+import socket
+import ssl
+import threading
+import urllib.error
+import urllib.parse
+import urllib.request
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, ClassVar, Protocol
 
 from rpg_cli.spec import NOT_IN_RUN_ID, Trackers
+from rpg_cli.store.url import redact
 
 
 class TrackerError(RuntimeError):
@@ -41,6 +48,9 @@ class ExportOptions:
     tracking_uri: str | None = None  # MLflow
     entity: str | None = None  # W&B
     offline: bool = False  # W&B offline (`wandb sync` uploads it later)
+    # seconds rpg waits for the tracker's server, per request, after checking it answers (Tracker.check);
+    # None: no check, the libraries' own waits and retries (MLflow's take minutes on a server that is down)
+    timeout: float | None = None
 
 
 class Writer(Protocol):
@@ -80,6 +90,10 @@ class Tracker:
         library keeps its files, if it does; quiet: an export (no console, no system metrics)."""
         raise NotImplementedError
 
+    def check(self, settings: Any, timeout: float) -> None:
+        """Raise TrackerError (one line) if the server these (resolved) settings report to does not
+        answer within `timeout` seconds; nothing to check (a local file, offline): return."""
+
     def export_settings(self, own: Any, options: ExportOptions) -> Any:
         """The settings `rpg export` uses: the run's own (None: it was not tracked live), options applied."""
         raise NotImplementedError
@@ -115,3 +129,55 @@ def numbers(data: Mapping[str, Any]) -> dict[str, float]:
 def first_line(error: BaseException) -> str:
     lines = [line.strip() for line in str(error).splitlines() if line.strip()]
     return f"{type(error).__name__}: {lines[0][:200]}" if lines else type(error).__name__
+
+
+def check_server(tracker: str, what: str, url: str, timeout: float, fix: str, path: str = "") -> None:
+    """TrackerError naming `url` (its password hidden) and the fix, if the server gives no answer in
+    time to a request for `url` + `path` (e.g. a health endpoint)."""
+    if (why := unreachable(url.rstrip("/") + path if path else url, timeout)) is not None:
+        longer = ", or give it longer with --timeout SECONDS" if why.startswith("no answer") else ""
+        raise TrackerError(redact(f"trackers.{tracker}: cannot reach {what} at {url} ({why}); {fix}{longer}"))
+
+
+def unreachable(url: str, timeout: float) -> str | None:
+    """Why the HTTP(S) server at `url` does not answer within `timeout` seconds ("connection refused",
+    "no answer within 2 s", ...), or None when it answers, whatever the status: one request, no retry.
+
+    A reachability check only: it sends no credentials, so it neither verifies TLS nor follows
+    redirects (the library does both with its own settings). Proxies are the environment's, as the
+    libraries' are. Bounded as a whole, name resolution included: it runs in a thread left to end alone."""
+    parts = urllib.parse.urlsplit(url)
+    url = urllib.parse.urlunsplit(parts._replace(netloc=parts.netloc.rpartition("@")[2]))  # no user:password@
+    outcome: list[str | None] = []
+    thread = threading.Thread(target=lambda: outcome.append(_ask(url, timeout)), daemon=True)
+    thread.start()
+    thread.join(timeout)
+    return outcome[0] if outcome else f"no answer within {timeout:g} s"
+
+
+class _NoRedirect(urllib.request.HTTPRedirectHandler):
+    def redirect_request(self, *args: Any, **kwargs: Any) -> None:
+        return None  # a redirect is an answer: urllib raises it as an HTTPError
+
+
+def _ask(url: str, timeout: float) -> str | None:
+    context = ssl.create_default_context()
+    context.check_hostname = False
+    context.verify_mode = ssl.CERT_NONE
+    opener = urllib.request.build_opener(urllib.request.HTTPSHandler(context=context), _NoRedirect)
+    try:
+        opener.open(url, timeout=timeout).close()
+    except urllib.error.HTTPError:
+        return None  # it answered (401, 404, 503...): the library reports what the answer means
+    except (urllib.error.URLError, OSError) as e:
+        reason = e.reason if isinstance(e, urllib.error.URLError) else e
+        if isinstance(reason, (TimeoutError, socket.timeout)):
+            return f"no answer within {timeout:g} s"
+        if isinstance(reason, ConnectionRefusedError):
+            return "connection refused"
+        if isinstance(reason, socket.gaierror):
+            return "unknown host"
+        return first_line(reason) if isinstance(reason, BaseException) else str(reason)
+    except Exception as e:  # http.client's protocol errors: something answered, not as HTTP
+        return first_line(e)
+    return None

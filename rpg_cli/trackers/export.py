@@ -11,6 +11,10 @@ Exporting twice creates no duplicates: W&B resumes the run's id (`rpg-<run id>`)
 after the ones it has (offline: the new offline run directory replaces the earlier export's), MLflow
 finds the run by its `rpg.run_id` tag and logs only (metric, step) pairs it lacks, TensorBoard's log
 dir is written aside and swapped in whole.
+
+A tracker's server is asked first (`Tracker.check`, within `ExportOptions.timeout`): one that does not
+answer stops the export with one line before anything is written, instead of the libraries' minutes of
+retries. A run that fails midway stops it with one line saying how many runs went; run it again.
 """
 
 from __future__ import annotations
@@ -26,7 +30,7 @@ from rpg_cli import stats
 from rpg_cli.spec import Trackers
 from rpg_cli.store.schema import PROTOCOL
 from rpg_cli.trackers import TRACKERS, axis_tags, require, run_info
-from rpg_cli.trackers.base import ExportOptions, TrackerError
+from rpg_cli.trackers.base import ExportOptions, RunInfo, TrackerError, first_line
 
 if TYPE_CHECKING:
     from rpg_cli.store import RunRecord, Store
@@ -42,6 +46,7 @@ class Exported:
     sweep: str
     name: str
     steps: int  # steps written (0: the run has nothing recorded, skipped)
+    metrics: int  # distinct metric names written
     where: str
 
 
@@ -126,9 +131,10 @@ def export(
     to: str,
     sweep: str | None = None,
     options: ExportOptions = ExportOptions(),
-    on_run: Callable[[Exported], None] | None = None,
+    on_run: Callable[[int, int, Exported], None] | None = None,
 ) -> list[Exported]:
-    """Export the runs of `sweep` (all runs when None) to tracker `to`; returns one Exported per run."""
+    """Export the runs of `sweep` (all runs when None) to tracker `to`; returns one Exported per run,
+    each also given to `on_run(i, n, exported)` (the i-th of n) as soon as it is written."""
     if to not in TRACKERS:
         raise TrackerError(f"unknown tracker {to!r}; allowed: {', '.join(TRACKERS)}")
     runs = store.runs(sweep=sweep)
@@ -139,24 +145,36 @@ def export(
     by_sweep: dict[str, list[RunRecord]] = {}
     for run in runs:
         by_sweep.setdefault(run.sweep, []).append(run)
-    done = []
+    planned: list[tuple[RunRecord, RunInfo]] = []
     for sweep_name, group in by_sweep.items():
         members = group if sweep is not None else store.runs(sweep=sweep_name)
         axes = dict(zip([r.id for r in members], axis_tags([r.spec for r in members])))
         for run in group:
-            info = run_info(
-                run.spec, run.id, run.name, run.sweep, run.run_dir, settings(to, run, options), axes.get(run.id, [])
+            own = settings(to, run, options)
+            planned.append(
+                (run, run_info(run.spec, run.id, run.name, run.sweep, run.run_dir, own, axes.get(run.id, [])))
             )
-            metrics, evals = store.run_history(run.id)
-            evals = with_intervals(evals, store.problem_scores([run.id]))
-            steps = history(metrics, evals)
-            where = (
-                TRACKERS[to].export_run(info, steps, eval_summary(evals), options)
-                if steps
-                else "nothing recorded; skipped"
-            )
-            result = Exported(info.sweep, info.name, len(steps), where)
-            done.append(result)
-            if on_run is not None:
-                on_run(result)
+    tracker = TRACKERS[to]
+    if options.timeout is not None:  # each server the runs report to, once, before anything is written
+        servers = {getattr(info.trackers, to).model_dump_json(): getattr(info.trackers, to) for _, info in planned}
+        for server in servers.values():
+            tracker.check(server, options.timeout)
+    done = []
+    for i, (run, info) in enumerate(planned, 1):
+        metrics, evals = store.run_history(run.id)
+        evals = with_intervals(evals, store.problem_scores([run.id]))
+        steps = history(metrics, evals)
+        try:
+            where = tracker.export_run(info, steps, eval_summary(evals), options) if steps else "nothing recorded"
+        except TrackerError:
+            raise
+        except Exception as e:  # the tracker's library, e.g. a server gone midway: one line, what went, the fix
+            raise TrackerError(
+                f"trackers.{to}: exporting {info.sweep}/{info.name} failed ({first_line(e)}); {i - 1} of "
+                f"{len(planned)} run(s) were exported before it: run the command again, it adds only what is missing"
+            ) from None
+        result = Exported(info.sweep, info.name, len(steps), len({k for v in steps.values() for k in v}), where)
+        done.append(result)
+        if on_run is not None:
+            on_run(i, len(planned), result)
     return done

@@ -3,16 +3,27 @@ metric names in the form verl's MLflow adapter uses (`mlflow_key`)."""
 
 from __future__ import annotations
 
+import contextlib
 import json
+import math
 import os
 import re
 import time
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
 from rpg_cli.spec import MlflowTracker, SpecError
-from rpg_cli.trackers.base import ExportOptions, RunInfo, Tracker, TrackerError, first_line, numbers
+from rpg_cli.store.url import redact
+from rpg_cli.trackers.base import (
+    ExportOptions,
+    RunInfo,
+    Tracker,
+    TrackerError,
+    check_server,
+    first_line,
+    numbers,
+)
 
 MLFLOW_METRICS_PER_BATCH = 1000  # MLflow's log_batch limits
 MLFLOW_PARAMS_PER_BATCH = 100
@@ -58,14 +69,31 @@ def is_file_store(uri: str) -> bool:
     return uri.startswith("file:")
 
 
-def safe_uri(uri: str) -> str:
-    """A URI fit to print: any user:password@ dropped (MLFLOW_TRACKING_URI may carry one)."""
-    from urllib.parse import urlsplit, urlunsplit
+def is_http(uri: str | None) -> bool:
+    return (uri or "").startswith(("http://", "https://"))
 
-    parts = urlsplit(uri)
-    if "://" in uri and "@" in parts.netloc:
-        return urlunsplit(parts._replace(netloc=parts.netloc.rpartition("@")[2]))
-    return uri
+
+@contextlib.contextmanager
+def http_limits(timeout: float | None) -> Iterator[None]:
+    """MLflow's REST client, for the block, waits `timeout` seconds per request (its
+    MLFLOW_HTTP_REQUEST_TIMEOUT, whole seconds, default 120) and retries nothing unless
+    MLFLOW_HTTP_REQUEST_MAX_RETRIES is set (its default, 7 with backoff, waits minutes on a server that
+    is down: an export that stops is run again and adds only what is missing). Both are read per request."""
+    if timeout is None:
+        yield
+        return
+    limits = {"MLFLOW_HTTP_REQUEST_TIMEOUT": str(max(1, math.ceil(timeout)))}
+    limits["MLFLOW_HTTP_REQUEST_MAX_RETRIES"] = os.environ.get("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "0")
+    before = {key: os.environ.get(key) for key in limits}
+    os.environ.update(limits)
+    try:
+        yield
+    finally:
+        for key, value in before.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
 
 
 def _check_env_uri(uri: str) -> None:
@@ -107,7 +135,7 @@ class MlflowWriter:
                 self._params(info.config)
         except Exception as e:  # unreachable server, bad URI, store errors
             raise TrackerError(
-                f"trackers.mlflow: cannot open the MLflow run at {safe_uri(uri)} ({first_line(e)})"
+                redact(f"trackers.mlflow: cannot open the MLflow run at {uri} ({first_line(e)})")
             ) from None
 
     def _experiment(self, name: str) -> str:
@@ -193,6 +221,19 @@ class Mlflow(Tracker):
     ) -> MlflowWriter:
         return MlflowWriter(info)
 
+    def check(self, settings: MlflowTracker, timeout: float) -> None:
+        """A tracking server (http/https) answers its health endpoint; a local store needs no check."""
+        uri = str(settings.tracking_uri or "")
+        if is_http(uri):
+            fix = "check --tracking-uri (or MLFLOW_TRACKING_URI) and that the server is up"
+            check_server(self.name, "the MLflow server", uri, timeout, fix, path="/health")
+
+    def export_run(
+        self, info: RunInfo, steps: dict[int, dict[str, float]], summary: dict[str, float], options: ExportOptions
+    ) -> str:
+        with http_limits(options.timeout):
+            return super().export_run(info, steps, summary, options)
+
     def export_settings(self, own: MlflowTracker | None, options: ExportOptions) -> MlflowTracker:
         try:
             return MlflowTracker(tracking_uri=options.tracking_uri or (own.tracking_uri if own else None))
@@ -201,7 +242,7 @@ class Mlflow(Tracker):
 
     def where(self, info: RunInfo, writer: MlflowWriter) -> str:
         uri = info.trackers.mlflow.tracking_uri if info.trackers.mlflow else ""
-        return f"{safe_uri(str(uri))} run {writer.run_id}"
+        return redact(f"{uri} run {writer.run_id}")
 
 
 TRACKER = Mlflow()

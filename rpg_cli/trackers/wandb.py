@@ -8,7 +8,16 @@ from pathlib import Path
 from typing import Any
 
 from rpg_cli.spec import WandbTracker
-from rpg_cli.trackers.base import ExportOptions, RunInfo, Tracker, TrackerError, first_line, numbers, write
+from rpg_cli.trackers.base import (
+    ExportOptions,
+    RunInfo,
+    Tracker,
+    TrackerError,
+    check_server,
+    first_line,
+    numbers,
+    write,
+)
 
 
 def wandb_run_id(run_id: str) -> str:
@@ -19,14 +28,16 @@ def wandb_run_id(run_id: str) -> str:
 class WandbWriter:
     name = "wandb"
 
-    def __init__(self, info: RunInfo, root_dir: Path, quiet: bool = False):
+    def __init__(self, info: RunInfo, root_dir: Path, quiet: bool = False, init_timeout: float | None = None):
         import wandb
 
         settings = info.trackers.wandb
         assert settings is not None
         Path(root_dir).mkdir(parents=True, exist_ok=True)
         # an export has no console to capture and no system to sample
-        extra = wandb.Settings(silent=True, console="off", x_disable_stats=True) if quiet else None
+        extra: dict[str, Any] = {"silent": True, "console": "off", "x_disable_stats": True} if quiet else {}
+        if init_timeout is not None:  # W&B's own: 90 s
+            extra["init_timeout"] = init_timeout
         try:
             self.run = wandb.init(
                 id=wandb_run_id(info.run_id),
@@ -40,7 +51,7 @@ class WandbWriter:
                 config=info.config,
                 dir=str(root_dir),
                 mode=settings.mode,
-                settings=extra,
+                settings=wandb.Settings(**extra) if extra else None,
             )
         except Exception as e:  # wandb raises many kinds (UsageError, CommError, ...): all mean "cannot start"
             raise TrackerError(
@@ -102,6 +113,15 @@ class Wandb(Tracker):
     ) -> WandbWriter:
         return WandbWriter(info, files_dir or info.run_dir, quiet=quiet)
 
+    def check(self, settings: WandbTracker, timeout: float) -> None:
+        """Online: W&B's server (WANDB_BASE_URL, `wandb login --host`, else api.wandb.ai) answers."""
+        if settings.mode == "online":
+            from wandb.sdk import wandb_setup
+
+            url = wandb_setup.singleton().settings.base_url  # the one wandb.init will use; starts nothing
+            fix = "check WANDB_BASE_URL (or `wandb login --host`) and the network, or use --offline"
+            check_server(self.name, "the W&B server", url, timeout, fix)
+
     def export_settings(self, own: WandbTracker | None, options: ExportOptions) -> WandbTracker:
         return WandbTracker(
             entity=options.entity or (own.entity if own else None),
@@ -112,7 +132,7 @@ class Wandb(Tracker):
         self, info: RunInfo, steps: dict[int, dict[str, float]], summary: dict[str, float], options: ExportOptions
     ) -> str:
         root = options.directory or info.run_dir.parent.parent  # W&B files: <dir>/wandb/, apart from live runs' own
-        writer = self.open_writer(info, files_dir=Path(root), quiet=True)
+        writer = WandbWriter(info, Path(root), quiet=True, init_timeout=options.timeout)
         write(writer, steps, summary)
         if info.trackers.wandb is not None and info.trackers.wandb.mode == "offline":
             drop_earlier_offline_runs(writer.files_dir, wandb_run_id(info.run_id))
