@@ -571,6 +571,8 @@ def test_inputs_a_run_would_fail_on_are_refused_by_the_dry_run_and_before_any_su
         "reference": "frozen",
         "model": "model",
         "data": {"train_files": ["data/short.parquet"], "val_files": ["data/short.parquet"]},
+        "train_batch_size": 2,  # the files' two rows
+        "ppo_mini_batch_size": 2,
     }
     spec = {**base, **change, "data": {**base["data"], **change.get("data", {})}}
     (tmp_path / "s.yaml").write_text(json.dumps({"name": "s", "base": spec}))

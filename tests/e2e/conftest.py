@@ -1,22 +1,16 @@
-"""The end-to-end loop's fixtures: a Ray head on 127.0.0.1 that declares one GPU, the toy task, and the sweep.
+"""The end-to-end loop's fixtures: rpg's own Ray head, declaring one GPU, the toy task, and the sweeps.
 
 Run by `make e2e` in its own environment (.venv-e2e: verl 0.9.1, vLLM's CPU build, PyPI's torch); never
-skipped there. `make test` leaves this directory out (pyproject.toml's norecursedirs).
+skipped there. `make test` leaves this directory out (tests/conftest.py's collect_ignore, unless RPG_E2E=1).
 """
 
 from __future__ import annotations
 
-import contextlib
 import os
-import secrets
 import shutil
-import signal
-import socket
 import subprocess
 import sys
 import tempfile
-import time
-import urllib.request
 from pathlib import Path
 
 import pytest
@@ -47,20 +41,10 @@ STAND_INS = {
 }
 
 
-def free_ports(n: int) -> list[int]:
-    sockets = [socket.socket() for _ in range(n)]
-    try:
-        for s in sockets:
-            s.bind(("127.0.0.1", 0))
-        return [s.getsockname()[1] for s in sockets]
-    finally:
-        for s in sockets:
-            s.close()
-
-
-# The head's token (Ray's token authentication, as a secured cluster runs it): every client here sends it. Its own
-# file, so that ~/.ray/auth_token, whose mere presence switches Ray's authentication on, decides nothing.
-TOKEN_FILE = Path(tempfile.mkdtemp(prefix="rpge2etoken")) / "auth_token"
+# The Ray head is rpg's own local head (orchestration/head.py: loopback, a token of its own) in a directory of the
+# test's, declaring one GPU; `rpg sweep --address` reaches it as it would a cluster's, with its token.
+HEAD_HOME = Path(tempfile.mkdtemp(prefix="rpge2e"))  # short: Ray's socket paths have a length limit
+TOKEN_FILE = HEAD_HOME / "ray" / "auth_token"
 
 
 def environment(**extra: str) -> dict[str, str]:
@@ -85,67 +69,26 @@ def run_rpg(workdir):
 
 @pytest.fixture(scope="session")
 def ray_head():
-    """`ray start --head --block` in a process group of its own, on 127.0.0.1, with 16 CPUs and one GPU that
-    nobody has (verl places its workers in {CPU, GPU: 1} bundles); its jobs inherit the vLLM CPU settings.
-    Stopped at the end by its process group and its temp dir (the workers and drivers Ray started)."""
-    import psutil
+    """rpg's local head with 16 CPUs and one GPU that nobody has (verl places its workers in {CPU, GPU: 1}
+    bundles); its jobs inherit the vLLM CPU settings from its environment. Stopped at the end (by its pids)."""
+    from rpg_cli.orchestration.head import local_head, stop_local_head
 
-    temp = Path(tempfile.mkdtemp(prefix="rpge2e"))  # short: Ray's socket paths have a length limit
-    TOKEN_FILE.write_text(secrets.token_hex(32))
-    TOKEN_FILE.chmod(0o600)
-    gcs, dashboard, client, agent_http, agent_grpc, metrics, runtime_env = free_ports(7)
-    head = subprocess.Popen(
-        [
-            str(BIN / "ray"),
-            "start",
-            "--head",
-            "--block",
-            "--node-ip-address=127.0.0.1",
-            f"--port={gcs}",
-            "--dashboard-host=127.0.0.1",
-            f"--dashboard-port={dashboard}",
-            "--include-dashboard=true",
-            f"--ray-client-server-port={client}",
-            f"--dashboard-agent-listen-port={agent_http}",
-            f"--dashboard-agent-grpc-port={agent_grpc}",
-            f"--metrics-export-port={metrics}",
-            f"--runtime-env-agent-port={runtime_env}",
-            f"--temp-dir={temp}",
-            "--num-cpus=16",
-            "--num-gpus=1",
-            "--disable-usage-stats",
-        ],
-        env=environment(RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER="0", **VLLM_CPU_ENV),
-        stdout=open(temp / "head.log", "w"),  # noqa: SIM115 (closed with the process)
-        stderr=subprocess.STDOUT,
-        start_new_session=True,
-    )
-    address = f"http://127.0.0.1:{dashboard}"
+    saved = {name: os.environ.get(name) for name in VLLM_CPU_ENV}
+    os.environ.update(VLLM_CPU_ENV)
     try:
-        deadline = time.monotonic() + 120
-        while True:
-            with contextlib.suppress(OSError):
-                request = urllib.request.Request(
-                    f"{address}/api/version", headers={"Authorization": f"Bearer {TOKEN_FILE.read_text()}"}
-                )
-                urllib.request.urlopen(request, timeout=2).read()
-                break
-            if head.poll() is not None or time.monotonic() > deadline:
-                pytest.fail(f"the Ray head did not start:\n{(temp / 'head.log').read_text()[-3000:]}")
-            time.sleep(0.5)
-        yield address
+        head = local_head(HEAD_HOME, num_cpus=16, num_gpus=1)
     finally:
-        mine = [head.pid]
-        for proc in psutil.process_iter():
-            with contextlib.suppress(psutil.Error):
-                if proc.pid != head.pid and (os.getpgid(proc.pid) == head.pid or str(temp) in " ".join(proc.cmdline())):
-                    mine.append(proc.pid)
-        for pid in mine:
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(pid, signal.SIGKILL)
-        head.wait(timeout=30)
-        shutil.rmtree(temp, ignore_errors=True)
-        shutil.rmtree(TOKEN_FILE.parent, ignore_errors=True)
+        for name, value in saved.items():
+            if value is None:
+                del os.environ[name]
+            else:
+                os.environ[name] = value
+    assert Path(head.token_file) == TOKEN_FILE
+    try:
+        yield head.dashboard_url
+    finally:
+        stop_local_head(HEAD_HOME)
+        shutil.rmtree(HEAD_HOME, ignore_errors=True)
 
 
 @pytest.fixture(scope="session")
