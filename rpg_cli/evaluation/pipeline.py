@@ -292,35 +292,26 @@ def finish_eval(store: Store, plan: EvalPlan, feed: ScoredFeed) -> list[tuple[Ta
     """After an evaluation job: ingest what its files hold, then record the metrics of every checkpoint
     and benchmark whose problems are all scored. Returns those that are not (nothing recorded for them)."""
     incomplete = []
-    for target in plan.targets:
-        for checkpoint in target.checkpoints:
-            for bench in plan.benchmarks:
-                scorer = plan.scorer_for(target, bench)
-                feed.ingest(store, target, checkpoint.step, bench)
-                stored = store.stored_samples(
-                    target.run_id, checkpoint.step, bench.name, scorer, target.sampling.protocol
-                )
-                if any(problem.key not in stored for problem in bench.problems):
-                    incomplete.append((target, checkpoint.step, bench))
-                    continue
-                version = feed.version(target, checkpoint.step, bench, scorer)
-                record_metrics(store, target.run_id, checkpoint.step, bench, scorer, version, target.sampling)
+    for target, step, bench, scorer in plan.cells():
+        feed.ingest(store, target, step, bench)
+        stored = store.stored_samples(target.run_id, step, bench.name, scorer, target.sampling.protocol)
+        if any(problem.key not in stored for problem in bench.problems):
+            incomplete.append((target, step, bench))
+            continue
+        version = feed.version(target, step, bench, scorer)
+        record_metrics(store, target.run_id, step, bench, scorer, version, target.sampling)
     return incomplete
 
 
 def file_results(plan: EvalPlan) -> list[EvalResult]:
     """The results the scored-samples files hold for the plan (an evaluation job's own summary)."""
     out = []
-    for target in plan.targets:
+    for target, step, bench, scorer in plan.cells():
         n = target.sampling.k
-        for checkpoint in target.checkpoints:
-            for bench in plan.benchmarks:
-                scorer = plan.scorer_for(target, bench)
-                path = rundir.eval_scored_path(target.run_dir, checkpoint.step, bench.name)
-                found = ScoredFile(path, scorer, target.sampling).load()
-                if all(problem.key in found for problem in bench.problems):
-                    rows = compute_metrics([found[problem.key] for problem in bench.problems])
-                    out.append(EvalResult(target.name, checkpoint.step, bench.name, n, scorer, _values(rows, n)))
+        found = ScoredFile(rundir.eval_scored_path(target.run_dir, step, bench.name), scorer, target.sampling).load()
+        if all(problem.key in found for problem in bench.problems):
+            rows = compute_metrics([found[problem.key] for problem in bench.problems])
+            out.append(EvalResult(target.name, step, bench.name, n, scorer, _values(rows, n)))
     return out
 
 
@@ -377,19 +368,12 @@ def record_metrics(
 def eval_results(store: Store, plan: EvalPlan) -> list[EvalResult]:
     """What the store holds for the plan's runs, steps, benchmarks, scorer and sampling protocol."""
     out = []
-    for target in plan.targets:
+    for target, step, bench, scorer in plan.cells():
         n = target.sampling.k
-        for checkpoint in target.checkpoints:
-            for bench in plan.benchmarks:
-                scorer = plan.scorer_for(target, bench)
-                values = _values(
-                    store.eval_values(
-                        target.run_id, checkpoint.step, bench.name, scorer, METRICS, target.sampling.protocol
-                    ),
-                    n,
-                )
-                if "mean@k" in values:
-                    out.append(EvalResult(target.name, checkpoint.step, bench.name, n, scorer, values))
+        rows = store.eval_values(target.run_id, step, bench.name, scorer, METRICS, target.sampling.protocol)
+        values = _values(rows, n)
+        if "mean@k" in values:
+            out.append(EvalResult(target.name, step, bench.name, n, scorer, values))
     return out
 
 

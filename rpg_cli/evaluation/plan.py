@@ -16,6 +16,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -114,6 +115,13 @@ class EvalPlan:
     def scorer_for(self, target: Target, bench: Benchmark) -> str:
         """--scorer when given, else the run's spec's `scorers` override, else the table's (rpg_cli/benchmarks.py)."""
         return self.options.scorer or scorer_for(bench.problems[0].data_source, (target.spec or {}).get("scorers"))
+
+    def cells(self) -> Iterator[tuple[Target, int, Benchmark, str]]:
+        """Every (run, checkpoint step, benchmark) the plan scores, with the scorer that judges it."""
+        for target in self.targets:
+            for checkpoint in target.checkpoints:
+                for bench in self.benchmarks:
+                    yield target, checkpoint.step, bench, self.scorer_for(target, bench)
 
     @property
     def total_samples(self) -> int:
