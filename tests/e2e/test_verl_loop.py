@@ -14,11 +14,12 @@ import pytest
 from rpg_cli.metrics import EMITTED_BY_BOTH
 from rpg_cli.store import open_store
 
-# verl's measures of how far vLLM's sampling distribution is from the actor's on the step's tokens: the largest
-# probability difference (a max over ~80 tokens here: noisy), and a k3 estimate of the KL between the two (a mean:
-# steady). With the weights synced both are bf16 noise (measured: gap <= 0.03, KL <= 1e-4).
-GAP, KL = "training/rollout_probs_diff_max", "rollout_corr/k3_kl"
-SYNCED_GAP, SYNCED_KL = 0.05, 3e-4
+# verl's measures of how far vLLM's sampling distribution is from the actor's on the step's tokens: the mean
+# probability difference and a k3 estimate of the KL between the two (its max, over ~80 tokens here, is one token's
+# bf16 luck: 0.002-0.05 synced, so it tells nothing). With the weights synced both are bf16 noise (measured: mean
+# difference <= 0.002, KL <= 1.4e-5); with vLLM on stale weights the KL is ~100 times that.
+GAP, KL = "training/rollout_probs_diff_mean", "rollout_corr/k3_kl"
+SYNCED_GAP, SYNCED_KL = 0.01, 3e-4
 
 
 def store(workdir: Path):
