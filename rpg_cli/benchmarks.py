@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Mapping
+from pathlib import Path
 
 SCORERS = ("dapo", "math_verify")  # rpg_cli.rewards implements them
 BENCHMARK_ALIASES = {
@@ -76,12 +77,22 @@ def scorer_for(data_source: str, overrides: Mapping[str, str] | None = None) -> 
     )
 
 
-@functools.lru_cache(maxsize=64)  # a dry run asks once per run, of the same few files
 def data_sources(path: str) -> list[str] | None:
     """The distinct data_source values of a local parquet file, in first-seen order; None when it cannot be
     read here (a URL, a file not written yet). pyarrow is imported only here."""
     if "://" in path:
         return None
+    file = Path(path).expanduser()
+    try:
+        stat = file.stat()
+    except OSError:
+        return None
+    # the file as it is now: the same name in another directory, or rewritten, is another file
+    return _data_sources(str(file.resolve()), stat.st_mtime_ns, stat.st_size)
+
+
+@functools.lru_cache(maxsize=64)  # a dry run asks once per run, of the same few files
+def _data_sources(path: str, mtime_ns: int, size: int) -> list[str] | None:
     try:
         import pyarrow.parquet as pq
 

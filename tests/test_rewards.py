@@ -421,3 +421,27 @@ def test_importing_rewards_stays_cheap():
         "assert not heavy, heavy"
     )
     subprocess.run([sys.executable, "-c", code], check=True, cwd=REPO)
+
+
+def test_a_data_files_benchmarks_are_read_as_the_file_is_now(tmp_path, monkeypatch):
+    """The dry run names each file's benchmarks: a relative name in another directory, a file written after a
+    first look, or one rewritten, is read again (a cached answer once kept "not readable here")."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from rpg_cli.benchmarks import data_sources
+
+    def write(directory: Path, *sources: str) -> None:
+        (directory / "data").mkdir(parents=True, exist_ok=True)
+        pq.write_table(pa.table({"data_source": list(sources)}), directory / "data" / "val.parquet")
+
+    monkeypatch.chdir(tmp_path)
+    assert data_sources("data/val.parquet") is None  # not written yet
+    write(tmp_path, "aime2025", "aime2025")
+    assert data_sources("data/val.parquet") == ["aime2025"]
+    write(tmp_path, "amc_23", "minerva_math", "amc_23")
+    assert data_sources("data/val.parquet") == ["amc_23", "minerva_math"]
+    elsewhere = tmp_path / "elsewhere"
+    write(elsewhere, "olympiadbench")
+    monkeypatch.chdir(elsewhere)
+    assert data_sources("data/val.parquet") == ["olympiadbench"]
