@@ -67,6 +67,24 @@ def snapshot(root: Path) -> dict[str, bytes]:
 # ------------------------------------------------------------------------------- planted links
 
 
+def recording_cluster(monkeypatch) -> list[dict]:
+    """`rpg sweep`'s cluster as a stand-in that records what would be submitted (inputs not checked); the list."""
+    from rpg_cli.orchestration import sweep
+
+    submitted: list[dict] = []
+
+    class Cluster:
+        def list_jobs(self):
+            return []
+
+        def submit_job(self, **kwargs):
+            submitted.append(kwargs)
+
+    monkeypatch.setattr(sweep, "connect", lambda *a, **k: Cluster())
+    monkeypatch.setattr(sweep, "check_plans", lambda *a, **k: [])
+    return submitted
+
+
 def test_a_planted_results_database_link_is_refused_and_nothing_is_created_there(tmp_path):
     elsewhere = tmp_path / "elsewhere"
     elsewhere.mkdir()
@@ -112,17 +130,7 @@ def test_a_planted_run_directory_link_is_refused_before_eval_writes_or_a_sweep_s
     # rpg sweep: refused after the run is recorded, before its spec.json is written or its job submitted
     from rpg_cli.orchestration import sweep
 
-    submitted = []
-
-    class Cluster:
-        def list_jobs(self):
-            return []
-
-        def submit_job(self, **kwargs):
-            submitted.append(kwargs)
-
-    monkeypatch.setattr(sweep, "connect", lambda *a, **k: Cluster())
-    monkeypatch.setattr(sweep, "check_plans", lambda *a, **k: [])
+    submitted = recording_cluster(monkeypatch)
     plan = RunPlan("r2id", "r2", "s1", "local", {"seed": 1}, runs / "s1" / "r2", ["python", "-c", "pass"])
     (runs / "s1" / "r2").symlink_to(victim)
     with pytest.raises(rundir.UnsafePathError) as refused:
@@ -280,17 +288,7 @@ def test_a_credential_exported_after_the_local_head_started_is_named_before_any_
     runs = tmp_path / "runs"
     # the local head rpg started, without the key (head.py records the names of what it started with)
     rundir.write_atomic(private_dir(runs / "ray") / ENV_NAMES_FILE, json.dumps(["HOME", "PATH"]), mode=0o600)
-    submitted = []
-
-    class Cluster:
-        def list_jobs(self):
-            return []
-
-        def submit_job(self, **kwargs):
-            submitted.append(kwargs)
-
-    monkeypatch.setattr(sweep, "connect", lambda *a, **k: Cluster())
-    monkeypatch.setattr(sweep, "check_plans", lambda *a, **k: [])
+    submitted = recording_cluster(monkeypatch)
     monkeypatch.delenv("HF_TOKEN", raising=False)
     monkeypatch.delenv("HUGGING_FACE_HUB_TOKEN", raising=False)
     db = f"sqlite:///{tmp_path / 'results.db'}"

@@ -12,6 +12,7 @@ import struct
 from pathlib import Path
 
 import pytest
+from conftest import spec_dict
 from typer.testing import CliRunner
 
 from rpg_cli.cli import app
@@ -388,33 +389,23 @@ def tracked_toy_run(tmp_path_factory):
         sweep = SweepSpec.model_validate(
             {
                 "name": "toy",
-                "base": {
-                    "algorithm": "rpg",
-                    "kl": "urkl",
-                    "beta": 1e-3,
-                    "clip": {"eps_low": 0.2, "eps_high": 0.28},
-                    "optimizer": "adamw",
-                    "context": "2k",
-                    "model": str(toy / "model"),
-                    "data": {"train_files": [str(toy / "train.parquet")], "val_files": [str(toy / "val.parquet")]},
-                    "train_batch_size": 4,
-                    "rollout_n": 4,
-                    "ppo_mini_batch_size": 4,
-                    "lr": 5e-4,
-                    "steps": 3,
-                    "seed": 0,
-                    "val": {"n": 2, "every": 2},
-                    "rollout": {"engine": "hf"},
-                    "save_every": 3,
-                    "backend": "local",
-                    "resources": {"gpus_per_node": 0, "cpus": 1},
-                    "trackers": {
+                "base": spec_dict(
+                    model=str(toy / "model"),
+                    data={"train_files": [str(toy / "train.parquet")], "val_files": [str(toy / "val.parquet")]},
+                    rollout_n=4,
+                    ppo_mini_batch_size=4,
+                    lr=5e-4,
+                    steps=3,
+                    val={"n": 2, "every": 2},
+                    rollout={"engine": "hf"},
+                    save_every=3,
+                    trackers={
                         "project": "rpg-toy",
                         "wandb": {"mode": "offline"},
                         "tensorboard": {},
                         "mlflow": {"tracking_uri": f"file:{root / 'mlruns'}"},
                     },
-                },
+                ),
             }
         )
         (plan,) = plan_sweep(sweep, root / "runs")
