@@ -1,7 +1,7 @@
 """Local backend speed: rollout and training tokens/s on the toy task, against TRL's GRPOTrainer.
 
 Both trainers get the same tiny model, prompts, batch (8 prompts x 8 samples = 64 sequences, one
-optimizer step per batch), sampling (temperature 1, top-p 1, no top-k), response budget (28 tokens)
+optimizer step per batch), sampling (temperature 1, top-p 1, no top-k), response budget (27 tokens)
 and learning rate, on the CPU with one thread. Rollout tokens/s = response tokens sampled / time in
 `generate`; training tokens/s = prompt + response tokens / the rest of the step (log-probs, loss,
 backward, optimizer). TRL is measured only when it is installed (pip install trl); its generate

@@ -1,19 +1,26 @@
 """A toy verifiable task and a tiny model for it, built locally (no download): `rpg prepare-data --toy`.
 
-The task: "7+1=" -> "Answer: 8" (a in 0..8, b in 0..1: 18 problems); no single answer is right for
-more than 2 of them, so a policy cannot score by ignoring the question., scored by the paper's "Answer:" rule
-like any math set. The model: a Llama-architecture causal LM of ~80k parameters over a 20-token
-character vocabulary (a `tokenizers` WordLevel tokenizer with "Answer" as one token), saved as an
-ordinary HF directory that `AutoModelForCausalLM`/`AutoTokenizer` load.
+The task: "47+1=" -> "Answer: 48", a two-digit a = 10t + u (t in 1..9, u in 0..8, so adding never
+carries) plus b in 0..1: 162 problems, scored by the paper's "Answer:" rule like any math set. No answer
+is right for more than 2 of them, so a policy cannot score by ignoring the question. The problems whose
+digits sum to 9 (18, 27, ..., 90, each with b = 0 and b = 1: 18 problems) are held out as `val.parquet`;
+training sees the other 144. Every tens digit and every units digit, with either b, is in both splits,
+so a policy that learned to add 1 to the units digit scores on problems it never trained on, and one that
+memorized its training problems does not.
+
+The model: a Llama-architecture causal LM of ~80k parameters over a 20-token character vocabulary (a
+`tokenizers` WordLevel tokenizer with "Answer" as one token), saved as an ordinary HF directory that
+`AutoModelForCausalLM`/`AutoTokenizer` load.
 
 A model with random weights emits a random token string and almost never the "Answer: N" form, so
-no algorithm would get a learning signal; and a tiny model that must also discover, by reward alone,
-that the answer depends on the question needs thousands of steps. The weights are therefore
-random-initialised and then briefly warmed up (a "pre-training" of a few seconds) on the answer
-form and on reading the question, never on adding: the target is "Answer: a" (the first number)
-half of the time and a uniformly random digit otherwise. The starting policy answers in the right
-form, is right where b = 0 about half of the time and guesses where b = 1 (validation accuracy about
-0.3); RL has to learn to add b.
+no algorithm would get a learning signal. The weights are therefore random-initialised and then briefly
+warmed up (a "pre-training" of a few seconds, on the training questions only) on the answer form and on
+reading the question, never on adding: where b = 0 the target is "Answer: a" (a copy of the first number)
+half of the time, and otherwise (always where b = 1) a's tens digit followed by a uniformly random digit.
+Where b = 1 the pre-training never shows a's units digit (a copy would teach the policy to ignore b, which
+RL would then have to unlearn) nor its successor. The starting policy answers in
+the right form, is right where b = 0 about 60% of the time and guesses the units digit where b = 1
+(accuracy about 0.33 on either split); RL has to learn to add b, which it does on the held-out problems too.
 
     paths = write_toy(Path("data/toy"))   # data/toy/{model/, train.parquet, val.parquet}
 """
@@ -37,10 +44,10 @@ CHAT_TEMPLATE = "{% for message in messages %}{{ message['content'] }}{% endfor 
 MODEL_SHAPE = dict(
     hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=2, num_key_value_heads=1
 )
-# The position limit also caps the response budget (the trainer stays within it): an answer takes 5
+# The position limit also caps the response budget (the trainer stays within it): an answer takes 6
 # tokens, so a policy that forgets to stop costs a few dozen tokens, not the spec's 2048.
 MAX_POSITIONS = 32
-WARMUP_STEPS = 300
+WARMUP_STEPS = 800
 
 
 @dataclass(frozen=True)
@@ -51,8 +58,19 @@ class ToyPaths:
 
 
 def problems() -> list[tuple[str, str]]:
-    """Every (question, answer) of the task: "a+b=" with a in 0..8, b in 0..1, in a fixed order."""
-    return [(f"{a}+{b}=", str(a + b)) for a in range(9) for b in range(2)]
+    """Every (question, answer) of the task: "a+b=" with a = 10t + u (t in 1..9, u in 0..8), b in 0..1, in a fixed order."""
+    return [(f"{10 * t + u}+{b}=", str(10 * t + u + b)) for t in range(1, 10) for u in range(9) for b in range(2)]
+
+
+def held_out(question: str) -> bool:
+    """Whether a problem is in the validation split: the digits of its a sum to 9 (one a per tens and units digit)."""
+    return int(question[0]) + int(question[1]) == 9
+
+
+def split() -> tuple[list[tuple[str, str]], list[tuple[str, str]]]:
+    """(train, val): the 144 problems training sees and the 18 held out."""
+    every = problems()
+    return [p for p in every if not held_out(p[0])], [p for p in every if held_out(p[0])]
 
 
 def toy_row(question: str, answer: str, index: int) -> dict[str, Any]:
@@ -112,18 +130,21 @@ def build_model(tokenizer, seed: int = 0):
 def warm_up_format(model, tokenizer, seed: int = 0, steps: int = WARMUP_STEPS) -> float:
     """Teach the answer form and to read the question, not to add (see the module doc); returns the last loss.
 
-    Targets are "Answer: a" (the first number) half of the time and "Answer: <random digit>" otherwise.
+    On the training questions only, targets are "Answer: a" (the first number) half of the time where b = 0
+    and "Answer: <a's tens digit><random digit>" otherwise. WARMUP_STEPS is where the loss has settled: with
+    fewer, the policy has not yet learned that b changes the answer and copies far less than half the time.
     """
     import torch
 
     rng = random.Random(seed)
-    questions = [q for q, _ in problems()]
+    questions = [q for q, _ in split()[0]]
     optimizer = torch.optim.AdamW(model.parameters(), lr=3e-3)
     model.train()
     loss = torch.tensor(float("nan"))
     for _ in range(steps):
         batch = [
-            (q, f"Answer: {q[0] if rng.random() < 0.5 else rng.randrange(10)}") for q in rng.choices(questions, k=64)
+            (q, f"Answer: {q[:2] if q[3] == '0' and rng.random() < 0.5 else q[0] + str(rng.randrange(10))}")
+            for q in rng.choices(questions, k=64)
         ]
         prompt = tokenizer([q for q, _ in batch], add_special_tokens=False)["input_ids"]
         target = tokenizer([t for _, t in batch], add_special_tokens=False)["input_ids"]
@@ -149,6 +170,9 @@ def write_toy(out_dir: Path, seed: int = 0) -> ToyPaths:
     warm_up_format(model, tokenizer, seed)
     paths = ToyPaths(out_dir / "model", out_dir / "train.parquet", out_dir / "val.parquet")
     staging = out_dir / f".model.{uuid.uuid4().hex[:8]}.tmp"
+    from transformers.utils import logging as transformers_logging
+
+    transformers_logging.disable_progress_bar()  # "Writing model shards" for a one-file model is noise
     try:
         model.save_pretrained(staging)
         tokenizer.save_pretrained(staging)
@@ -157,8 +181,6 @@ def write_toy(out_dir: Path, seed: int = 0) -> ToyPaths:
         staging.rename(paths.model)
     finally:
         shutil.rmtree(staging, ignore_errors=True)
-    rows = [toy_row(q, a, i) for i, (q, a) in enumerate(problems())]
-    # The task is a finite table: validation measures it on every problem (k samples each).
-    write_verl_parquet([rows_to_batch(rows)], paths.train)
-    write_verl_parquet([rows_to_batch(rows)], paths.val)
+    for path, part in zip((paths.train, paths.val), split()):
+        write_verl_parquet([rows_to_batch([toy_row(q, a, i) for i, (q, a) in enumerate(part)])], path)
     return paths

@@ -31,7 +31,7 @@ SITE = [
     "actor_rollout_ref.rollout.agent.num_workers=1",
     "reward.num_workers=1",
     "transfer_queue.backend.SimpleStorage.num_data_storage_units=1",
-    "data.dataloader_num_workers=0",  # 8 forked loader processes per run, for 18 problems
+    "data.dataloader_num_workers=0",  # 8 forked loader processes per run, for 144 problems
 ]
 STAND_INS = {
     "PYTHONPATH": str(E2E),
