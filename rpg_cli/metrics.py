@@ -144,6 +144,13 @@ DIVERGED_KEYS = (PG_LOSS, GRAD_NORM)
 VAL_CORE = "val-core"
 VAL_AUX = "val-aux"
 VAL_KEY_RE = re.compile(r"^val-core/(?P<source>.+)/(?P<var>[^/]+)/(?P<stat>mean|maj)@(?P<k>\d+)(?:/mean)?$")
+# VAL_KEY_RE: the mean@N and maj@N of any core variable (what the report reads). VAL_ACC_KEY_RE: every
+# statistic verl logs of the accuracy `acc`, core and aux (mean@N, std@N; best@N, worst@N, maj@N with /mean
+# or /std), as groups source, name (`best@16/mean`) and n (N): what the store keeps as the run's own evals
+# (rpg_cli.store.ingest).
+VAL_ACC_KEY_RE = re.compile(
+    r"^val-(?:core|aux)/(?P<source>.+)/acc/(?P<name>(?:mean|std|best|worst|maj)@(?P<n>\d+)(?:/(?:mean|std))?)$"
+)
 
 
 def val_key(source: str, n: int, var: str = "acc", section: str = VAL_CORE) -> str:

@@ -324,7 +324,7 @@ def test_a_credential_exported_after_the_local_head_started_is_named_before_any_
 
 
 def test_the_credential_check_names_only_what_the_runs_use():
-    from rpg_cli.trackers import credentials_missing_on_head
+    from rpg_cli.trackers.runs import credentials_missing_on_head
 
     wandb = {"trackers": {"wandb": {}, "mlflow": None, "tensorboard": None}}
     mlflow = {"trackers": {"wandb": None, "mlflow": {"tracking_uri": "http://m"}, "tensorboard": None}}

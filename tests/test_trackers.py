@@ -20,7 +20,8 @@ from rpg_cli.orchestration.plan import plan_sweep
 from rpg_cli.rundir import write_spec
 from rpg_cli.spec import ExperimentSpec, SpecError, SweepSpec, load_sweep
 from rpg_cli.store import open_store
-from rpg_cli.trackers import TRACKERS, axis_tags, cell_id, plan_trackers, verl_env, verl_loggers
+from rpg_cli.trackers import TRACKERS
+from rpg_cli.trackers.runs import axis_tags, cell_id, plan_trackers, verl_env, verl_loggers
 from rpg_cli.trackers.wandb import wandb_run_id
 
 REPO = Path(__file__).resolve().parents[1]
@@ -172,7 +173,7 @@ TRACKED = {
 
 @pytest.mark.parametrize("grid", sorted(EXPERIMENTS.glob("*.yaml")), ids=lambda p: p.stem)
 def test_trackers_leave_every_run_id_and_name_unchanged(grid, tmp_path, monkeypatch):
-    monkeypatch.setattr("rpg_cli.trackers.missing", lambda trackers: None)  # planning only; nothing reports
+    monkeypatch.setattr("rpg_cli.trackers.runs.missing", lambda trackers: None)  # planning only; nothing reports
     sweep = load_sweep(grid)
     tracked = SweepSpec.model_validate({**sweep.model_dump(), "base": {**sweep.base, **TRACKED}})
     plain, with_trackers = plan_sweep(sweep, tmp_path), plan_sweep(tracked, tmp_path)
@@ -206,7 +207,7 @@ def test_shorthand_and_one_line_errors_of_the_trackers_field(tmp_path):
 
 
 def test_group_is_the_cell_and_tags_are_the_axes_the_sweep_varies(tmp_path, monkeypatch):
-    monkeypatch.setattr("rpg_cli.trackers.missing", lambda trackers: None)
+    monkeypatch.setattr("rpg_cli.trackers.runs.missing", lambda trackers: None)
     sweep = SweepSpec.model_validate(
         {
             "name": "bands",
@@ -261,7 +262,7 @@ def test_a_missing_extra_is_a_one_line_error_of_the_dry_run(tmp_path, monkeypatc
 
 
 def test_an_mlflow_uri_with_credentials_in_the_environment_is_refused_not_recorded(tmp_path, monkeypatch):
-    monkeypatch.setattr("rpg_cli.trackers.missing", lambda trackers: None)
+    monkeypatch.setattr("rpg_cli.trackers.runs.missing", lambda trackers: None)
     monkeypatch.setenv("MLFLOW_TRACKING_URI", "https://me:hunter2@mlflow.example.org")
     sweep = load_sweep(EXPERIMENTS / "smoke.yaml")
     tracked = SweepSpec.model_validate({**sweep.model_dump(), "base": {**sweep.base, "trackers": ["mlflow"]}})
@@ -278,7 +279,7 @@ def test_an_mlflow_uri_with_credentials_in_the_environment_is_refused_not_record
 
 
 def verl_run(tmp_path: Path, monkeypatch) -> tuple[ExperimentSpec, Path]:
-    monkeypatch.setattr("rpg_cli.trackers.missing", lambda trackers: None)
+    monkeypatch.setattr("rpg_cli.trackers.runs.missing", lambda trackers: None)
     sweep = load_sweep(EXPERIMENTS / "paper-qwen3-4b.yaml")
     tracked = SweepSpec.model_validate(
         {
@@ -883,9 +884,83 @@ def test_a_run_that_fails_midway_stops_the_export_with_one_line_saying_what_went
 def test_the_registry_and_the_specs_trackers_block_name_the_same_trackers():
     from rpg_cli.spec import TRACKER_NAMES, Trackers
 
-    assert tuple(TRACKERS) == TRACKER_NAMES and set(TRACKER_NAMES) <= set(Trackers.model_fields)
+    assert tuple(TRACKERS) == TRACKER_NAMES
+    assert list(Trackers.model_fields) == ["project", "group", "tags", *TRACKERS]  # the block is built from it
     for name, tracker in TRACKERS.items():
         assert tracker.name == name and tracker.library  # the extra rpg-cli[<name>] installs it
+        assert Trackers.model_fields[name].annotation == tracker.settings | None  # its module's own model
+        assert tracker.settings.__module__ == f"rpg_cli.trackers.{name}"
+
+
+# A tracker written the way the registry asks, registered before the spec is imported: a process of its own
+NEW_TRACKER = """
+import json, sys
+from pathlib import Path
+from rpg_cli.trackers import TRACKERS
+from rpg_cli.trackers.base import Tracker, TrackerSettings
+
+class NotebookSettings(TrackerSettings):
+    path: str | None = None
+
+class Notebook(Tracker):
+    name = "notebook"
+    settings = NotebookSettings
+    library = "json"
+
+    def resolve(self, settings, runs_root, environ):
+        return settings.model_copy(update={"path": settings.path or str(runs_root / "notebook")})
+
+TRACKERS["notebook"] = Notebook()  # its one line
+
+from rpg_cli.spec import ExperimentSpec, SpecError
+from rpg_cli.spec.errors import _validate
+from rpg_cli.trackers.runs import plan_trackers, verl_loggers
+
+base = json.loads(sys.argv[1])
+def spec(trackers):
+    return _validate(ExperimentSpec, {**base, "trackers": trackers})
+def planned(trackers):
+    return plan_trackers([spec(trackers)], "sw", Path("/runs"))[0].trackers.notebook
+
+both = spec({"wandb": {"mode": "offline"}, "notebook": {"path": "nb"}})
+out = {
+    "settings": type(both.trackers.notebook).__name__,
+    "loggers": verl_loggers(both),
+    "same_id": both.run_id == _validate(ExperimentSpec, base).run_id,
+    "paths": [planned({"notebook": {"path": "nb"}}).path, planned(["notebook"]).path, planned({"notebook": True}).path],
+    "errors": [],
+}
+for value in (["neptune"], {"notebook": {"pth": "x"}}, {"notebook": {"path": 3}}):
+    try:
+        spec(value)
+    except SpecError as e:
+        out["errors"].append(str(e))
+print(json.dumps(out))
+"""
+
+
+def test_a_new_tracker_is_its_module_and_its_line_in_the_registry():
+    """The spec's `trackers` block takes a registered tracker's settings with no edit of the spec: its
+    field, the shorthand, its defaults at plan time, verl's logger entry and one-line errors."""
+    import subprocess
+    import sys
+
+    done = subprocess.run(
+        [sys.executable, "-c", NEW_TRACKER, json.dumps(spec_dict())],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stderr
+    out = json.loads(done.stdout)
+    assert out["settings"] == "NotebookSettings" and out["loggers"] == ["wandb", "notebook"] and out["same_id"]
+    assert out["paths"] == ["nb", "/runs/notebook", "/runs/notebook"]  # its own, then its default (resolve)
+    assert out["errors"] == [
+        "trackers: got 'neptune'; allowed: wandb, tensorboard, mlflow, notebook",
+        "trackers.notebook.pth: unknown field; allowed: path",
+        "trackers.notebook.path: got 3 (int); allowed: a valid string",
+    ]
 
 
 def test_plan_trackers_without_trackers_is_the_identity(tmp_path):

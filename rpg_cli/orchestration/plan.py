@@ -95,7 +95,7 @@ def plan_sweep(sweep: SweepSpec, runs_root: Path, backend: str | None = None) ->
 
     Pure: computes paths and commands, touches nothing on disk. `backend` overrides the spec's.
     """
-    from rpg_cli.trackers import plan_trackers
+    from rpg_cli.trackers.runs import plan_trackers
 
     root = Path(runs_root).absolute()
     specs = plan_trackers(sweep.expand(backend), sweep.name, root)  # group, tags and defaults, for spec.json

@@ -157,7 +157,7 @@ def run_sweep(
 
 def _check_head_credentials(plans: list[RunPlan], states: dict[str, str], runs_dir: Path) -> None:
     """The trackers' preflight on the local head: a credential exported after it started (rpg stop fixes it)."""
-    from rpg_cli.trackers import credentials_missing_on_head
+    from rpg_cli.trackers.runs import credentials_missing_on_head
 
     specs = [p.spec for p in plans if states.get(p.id) != "succeeded"]
     if specs and (line := credentials_missing_on_head(specs, head_env_names(runs_dir))):

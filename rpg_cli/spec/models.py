@@ -16,6 +16,7 @@ from pydantic import (
     BeforeValidator,
     ConfigDict,
     Field,
+    create_model,
     field_validator,
     model_serializer,
     model_validator,
@@ -24,6 +25,7 @@ from pydantic import (
 from rpg_cli.algorithms.defaults import CLIP_C, OVERLONG_BUFFER, OVERLONG_PENALTY_FACTOR
 from rpg_cli.benchmarks import SCORERS
 from rpg_cli.spec.errors import SpecError, _model_in, _num
+from rpg_cli.trackers import TRACKERS
 
 if TYPE_CHECKING:
     from pydantic.fields import FieldInfo
@@ -234,34 +236,9 @@ class Resources(_Frozen):
     cpus: float = Field(gt=0)
 
 
-TRACKER_NAMES = ("wandb", "tensorboard", "mlflow")
-
-
-class WandbTracker(_Frozen):
-    entity: str | None = None  # default: WANDB_ENTITY where the run runs, else the account's default
-    mode: Literal["online", "offline"] | None = None  # default: WANDB_MODE where the run runs, else online
-
-
-class TensorBoardTracker(_Frozen):
-    dir: str | None = None  # log root, a run at <dir>/<sweep>/<run name>; default: <runs dir>/tensorboard
-
-
-class MlflowTracker(_Frozen):
-    # default: MLFLOW_TRACKING_URI where the run runs, else sqlite:///<runs dir>/mlflow.db
-    tracking_uri: str | None = None
-
-    @field_validator("tracking_uri")
-    @classmethod
-    def _no_credentials(cls, uri: str | None) -> str | None:
-        from urllib.parse import urlsplit
-
-        if uri and "://" in uri and (urlsplit(uri).password or urlsplit(uri).username):
-            raise ValueError(
-                "credentials in the URI would be written to spec.json and the store; allowed: a URI "
-                "without user:password@ (set MLFLOW_TRACKING_USERNAME/PASSWORD or MLFLOW_TRACKING_TOKEN "
-                "where the run runs)"
-            )
-        return uri
+# One optional field per registered tracker (rpg_cli.trackers.TRACKERS), its settings model: a new
+# tracker needs no edit here.
+TRACKER_NAMES = tuple(TRACKERS)
 
 
 def _trackers_form(value: Any) -> Any:
@@ -277,15 +254,22 @@ def _trackers_form(value: Any) -> Any:
     return value
 
 
-class Trackers(_Frozen):
+class _TrackersBlock(_Frozen):
     """Where a run's metrics are reported (W&B, TensorBoard, MLflow): never what it computes, so not in its id."""
 
     project: str = Field("rpg", min_length=1)  # W&B project, MLflow experiment (verl: trainer.project_name)
     group: str | None = None  # default: the run's cell (its spec less the seed), so seeds band together
     tags: list[str] = Field(default_factory=list)  # besides the sweep and the values of its varying axes
-    wandb: WandbTracker | None = None
-    tensorboard: TensorBoardTracker | None = None
-    mlflow: MlflowTracker | None = None
+
+
+# then `<name>: <its settings model> | None` per registered tracker (None: off)
+Trackers = create_model(
+    "Trackers",
+    __base__=_TrackersBlock,
+    __module__=__name__,
+    __doc__=_TrackersBlock.__doc__,
+    **{name: (tracker.settings | None, None) for name, tracker in TRACKERS.items()},
+)
 
 
 TrackersSetting = Annotated[Trackers | None, BeforeValidator(_trackers_form)]

@@ -37,13 +37,11 @@ from typing import Any, BinaryIO
 
 from rpg_cli import rundir
 from rpg_cli.benchmarks import benchmark_name
+from rpg_cli.metrics import VAL_ACC_KEY_RE
 from rpg_cli.rundir import RESTART_KEY
 
 VERL_VAL_SCORER = "verl-val"
 VERL_VAL_SCORER_VERSION = "verl-validation"
-_VAL_KEY = re.compile(
-    r"^val-(?:core|aux)/(?P<source>.+)/acc/(?P<name>(?:mean|std|best|worst|maj)@(?P<n>\d+)(?:/(?:mean|std))?)$"
-)
 
 Record = tuple[int, dict[str, Any]]  # (step, data) of one metrics.jsonl line
 Restart = tuple[None, "int | None"]  # (None, keep_through) of a restart line
@@ -170,7 +168,7 @@ def ingest_rows(run_id: str, records: list[Record]) -> tuple[list[MetricRow], li
                 continue
             number = None if value != value else float(value)  # NaN -> NULL (SQLite cannot store NaN)
             by_key[key].append((run_id, key, step, number))
-            if key.startswith("val-") and not isinstance(value, bool) and (match := _VAL_KEY.match(key)):
+            if key.startswith("val-") and not isinstance(value, bool) and (match := VAL_ACC_KEY_RE.match(key)):
                 metric, k = re.sub(r"@\d+", "@k", match["name"]), int(match["n"])
                 bench = benchmark_name(match["source"])
                 evals[(step, bench, metric, k)] = (step, bench, metric, k, number)

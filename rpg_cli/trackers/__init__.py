@@ -3,7 +3,7 @@
 The spec's `trackers` block (rpg_cli.spec.Trackers) says where metrics are reported, never what a run
 computes, so it is not part of the run id. Three ways in, one identity:
 
-    verl backend     verl's own `trainer.logger` entries, set up by the env vars its tracking.py reads (verl_env)
+    verl backend     verl's own `trainer.logger` entries, set up by the env vars its tracking.py reads (runs.verl_env)
     local backend    the trainer's `writers.open_run(...).log(step, metrics)` next to each metrics.jsonl line
     rpg export       what the store holds, for runs that were not tracked live (rpg_cli.trackers.export)
 
@@ -13,224 +13,28 @@ cell (its spec less the seed), so W&B's and MLflow's grouping draw one band over
 sweep is the W&B job type and a tag `sweep=<name>` (W&B's "group by job type", MLflow's tag `rpg.sweep`),
 and the tags are the values of the fields the sweep varies (`algorithm=rpg`, `clip.eps_high=0.28`).
 
-One module per tracker (wandb.py, tensorboard.py, mlflow.py), each a `base.Tracker`: its library and
-credential variables (the preflight), its defaults (`resolve`), verl's env vars, its live writer and
-its export; `TRACKERS` registers them. The rest is generic: this module (settings, identity, plan-time
-checks, verl's logger entries), `writers` (the local backend's live reporting), `export` (`rpg export`).
-A new tracker: its module, its line in `TRACKERS`, and its settings model in the spec's `Trackers`.
+One module per tracker (wandb.py, tensorboard.py, mlflow.py), each a `base.Tracker` with its settings
+model (the spec's `trackers.<name>`): its library and credential variables (the preflight), its defaults
+(`resolve`), verl's env vars, its live writer and its export. `TRACKERS`, here, registers them; the
+spec's `Trackers` block has one field per entry. The rest is generic: `runs` (which trackers a run has,
+plan-time checks, identity and grouping, resolved settings, verl's logger entries and env), `writers`
+(the local backend's live reporting), `export` (`rpg export`). A new tracker: its module and its line
+in `TRACKERS` (and its library's extra in pyproject.toml).
 
-This module is pure Python (no tracker library is imported), so `rpg sweep --dry-run` stays fast.
-Credentials (WANDB_API_KEY, MLFLOW_TRACKING_TOKEN/PASSWORD) are read by the libraries from the
-environment of the process that reports; rpg never reads, passes or writes them. A job's environment is
-its Ray head's: a credential exported after rpg started its local head is missing there, which
-`credentials_missing_on_head` says before anything is submitted.
+This module imports no spec (the spec imports it) and no tracker library, so `rpg sweep --dry-run`
+stays fast. Credentials (WANDB_API_KEY, MLFLOW_TRACKING_TOKEN/PASSWORD) are read by the libraries from
+the environment of the process that reports; rpg never reads, passes or writes them. A job's
+environment is its Ray head's: a credential exported after rpg started its local head is missing there,
+which `runs.credentials_missing_on_head` says before anything is submitted.
 """
 
 from __future__ import annotations
 
-import hashlib
-import importlib.util
-import json
-import os
-from collections.abc import Mapping
-from pathlib import Path
-from typing import Any
-
-from rpg_cli.spec import ExperimentSpec, SpecError, Trackers, run_identity
 from rpg_cli.trackers import mlflow, tensorboard, wandb
-from rpg_cli.trackers.base import RunInfo, Tracker, TrackerError
+from rpg_cli.trackers.base import Tracker, TrackerError
 
-# The registry: a tracker is its module (rpg_cli/trackers/<name>.py, a `Tracker`) and its line here.
+__all__ = ["TRACKERS", "Tracker", "TrackerError"]
+
+# The registry: a tracker is its module (rpg_cli/trackers/<name>.py, a `Tracker` and its settings model)
+# and its line here.
 TRACKERS: dict[str, Tracker] = {t.name: t for t in (wandb.TRACKER, tensorboard.TRACKER, mlflow.TRACKER)}
-TAG_CHARS = 64  # W&B refuses longer tags
-
-
-def enabled(trackers: Trackers | None) -> list[str]:
-    return [name for name in TRACKERS if trackers is not None and getattr(trackers, name) is not None]
-
-
-def not_installed(name: str, settings: Any = None) -> str | None:
-    """Why tracker `name` cannot run in this environment (one line naming the extra), or None."""
-    for module in TRACKERS[name].libraries(settings):
-        if importlib.util.find_spec(module) is None:
-            return f"{module} is not installed here; install it with pip install 'rpg-cli[{name}]'"
-    return None
-
-
-def missing(trackers: Trackers | None) -> tuple[str, str] | None:
-    """(tracker, why) for the first enabled tracker whose library is not installed here, or None."""
-    for name in enabled(trackers):
-        if (why := not_installed(name, getattr(trackers, name))) is not None:
-            return name, why
-    return None
-
-
-def require(trackers: Trackers | None) -> None:
-    if (found := missing(trackers)) is not None:
-        raise TrackerError(f"trackers.{found[0]}: {found[1]}")
-
-
-# The Hugging Face Hub's credential variables (a model downloaded by any run); a job finds them, and each
-# tracker's (Tracker.credential_vars), only in its Ray head's environment.
-HUB_CREDENTIAL_VARS = ("HF_TOKEN", "HUGGING_FACE_HUB_TOKEN")
-
-
-def spec_trackers(spec: Mapping[str, Any]) -> list[str]:
-    """The trackers a run's (canonical) spec enables."""
-    block = spec.get("trackers")
-    return [name for name in TRACKERS if isinstance(block, Mapping) and block.get(name) is not None]
-
-
-def credentials_missing_on_head(
-    specs: list[Mapping[str, Any]], head_names: set[str] | None, environ: Mapping[str, str] | None = None
-) -> str | None:
-    """One line when a credential the runs (their canonical specs) may need is set in this shell but
-    absent from the environment the local Ray head started with (`head_names`; None: unknown, nothing
-    said), with the fix; None when nothing is missing. The value is never passed to the job instead: a
-    job's runtime_env is readable by whoever reaches the cluster's jobs API."""
-    if head_names is None:
-        return None
-    environ = os.environ if environ is None else environ
-    wanted = dict.fromkeys(HUB_CREDENTIAL_VARS)
-    for spec in specs:
-        for name in spec_trackers(spec):
-            wanted.update(dict.fromkeys(TRACKERS[name].credential_vars))
-    lacking = [var for var in wanted if environ.get(var) and var not in head_names]
-    if not lacking:
-        return None
-    verb = "is" if len(lacking) == 1 else "are"
-    return (
-        f"{', '.join(lacking)} {verb} set in this shell but not in the local Ray head's environment (it started "
-        "before), so the runs would not see it, and rpg never puts credentials into a job: run `rpg stop`, "
-        "then run this command again (a new head starts with this shell's environment)"
-    )
-
-
-# ---------------------------------------------------------------------------------------------
-# Identity and grouping
-
-
-def cell_id(spec: Mapping[str, Any]) -> str:
-    """Short hash of the canonical spec less its seed: the runs of one cell across seeds share it."""
-    identity = {k: v for k, v in run_identity(dict(spec)).items() if k != "seed"}
-    text = json.dumps(identity, sort_keys=True, separators=(",", ":"), ensure_ascii=True)
-    return hashlib.sha256(text.encode("utf-8")).hexdigest()[:8]
-
-
-def default_group(spec: Mapping[str, Any], name: str, run_id: str) -> str:
-    """`<run name less seed and id>-<cell id>`, e.g. rpg-urkl-clip0.2_0.28-adamw-4k-1f2e3d4c."""
-    label = name.removesuffix(f"-{run_id}").removesuffix(f"-s{spec.get('seed')}")
-    return f"{label}-{cell_id(spec)}"
-
-
-def axis_tags(specs: list[Mapping[str, Any]]) -> list[list[str]]:
-    """Per spec, `field=value` for every field whose value differs across `specs` (seed and trackers aside)."""
-    flat = [_flatten({k: v for k, v in run_identity(dict(s)).items() if k != "seed"}) for s in specs]
-    paths = sorted({p for f in flat for p in f})
-    varying = [p for p in paths if len({json.dumps(f.get(p, "<absent>"), sort_keys=True) for f in flat}) > 1]
-    return [[_tag(p, f[p]) for p in varying if p in f] for f in flat]
-
-
-def _flatten(value: Any, prefix: str = "") -> dict[str, Any]:
-    if isinstance(value, dict) and value:
-        out: dict[str, Any] = {}
-        for key, item in value.items():
-            out.update(_flatten(item, f"{prefix}.{key}" if prefix else key))
-        return out
-    return {prefix: value}
-
-
-def _tag(path: str, value: Any) -> str:
-    text = value if isinstance(value, str) else json.dumps(value, separators=(",", ":"))
-    return f"{path}={text}".replace(",", ";")[:TAG_CHARS]  # commas separate tags in WANDB_TAGS
-
-
-# ---------------------------------------------------------------------------------------------
-# Settings: every default resolved, so spec.json records where the metrics went
-
-
-def resolve(
-    trackers: Trackers,
-    spec: Mapping[str, Any],
-    name: str,
-    run_id: str,
-    sweep: str,
-    runs_root: Path,
-    axes: list[str] = (),
-    environ: Mapping[str, str] | None = None,
-) -> Trackers:
-    """`trackers` with group, tags and each enabled tracker's defaults filled in (`Tracker.resolve`:
-    from its env vars, under the runs root), relative paths made absolute (a job runs in its own
-    directory). Idempotent."""
-    environ = os.environ if environ is None else environ
-    update: dict[str, Any] = {
-        "group": trackers.group or default_group(spec, name, run_id),
-        "tags": list(dict.fromkeys([f"sweep={sweep}"[:TAG_CHARS], *axes, *trackers.tags])),
-    }
-    for tracker in enabled(trackers):
-        update[tracker] = TRACKERS[tracker].resolve(getattr(trackers, tracker), Path(runs_root), environ)
-    return trackers.model_copy(update=update)
-
-
-def run_info(
-    spec: Mapping[str, Any],
-    run_id: str,
-    name: str,
-    sweep: str,
-    run_dir: Path,
-    trackers: Trackers | None = None,
-    axes: list[str] = (),
-    environ: Mapping[str, str] | None = None,
-) -> RunInfo:
-    """The RunInfo of a run directory `<runs root>/<sweep>/<name>/` (trackers: default, the spec's own)."""
-    if trackers is None:
-        trackers = Trackers.model_validate(spec.get("trackers") or {})
-    try:
-        resolved = resolve(trackers, spec, name, run_id, sweep, Path(run_dir).absolute().parent.parent, axes, environ)
-    except SpecError as e:  # past plan time: a tracker problem, not a spec one
-        raise TrackerError(e.message) from None
-    return RunInfo(run_id, name, sweep, dict(spec), resolved, Path(run_dir))
-
-
-# ---------------------------------------------------------------------------------------------
-# Plan time (rpg sweep) and the verl backend
-
-
-def plan_trackers(specs: list[ExperimentSpec], sweep: str, runs_root: Path) -> list[ExperimentSpec]:
-    """The sweep's specs with their trackers resolved for the record (group, tags = the axes, defaults).
-
-    Checks at plan time what can be checked here: the libraries of a local-backend run (it runs on this
-    machine's environment). A verl run reports from the cluster, whose packages cannot be seen from here.
-    """
-    if not any(s.trackers is not None for s in specs):
-        return specs
-    axes = axis_tags([s.canonical() for s in specs])
-    out = []
-    for spec, tags in zip(specs, axes):
-        if spec.trackers is None:
-            out.append(spec)
-            continue
-        if spec.backend == "local" and (found := missing(spec.trackers)) is not None:
-            raise SpecError(found[1], f"trackers.{found[0]}")
-        resolved = resolve(spec.trackers, spec.canonical(), spec.run_name, spec.run_id, sweep, runs_root, tags)
-        out.append(spec.model_copy(update={"trackers": resolved}))
-    return out
-
-
-def verl_loggers(spec: ExperimentSpec) -> list[str]:
-    """verl 0.9.1 `trainer.logger` entries for the spec's trackers (its names are ours)."""
-    return enabled(spec.trackers)
-
-
-def verl_env(spec: ExperimentSpec, run_dir: Path) -> dict[str, str]:
-    """The env vars verl 0.9.1's verl/utils/tracking.py (and the libraries it calls) read for the spec's
-    trackers (`Tracker.verl_env`): verl passes the libraries only a few settings, the group, tags, run id
-    and URIs travel as their own env vars. No credentials."""
-    if spec.trackers is None or not enabled(spec.trackers):
-        return {}
-    run_dir = Path(run_dir).absolute()
-    info = run_info(spec.canonical(), spec.run_id, spec.run_name, run_dir.parent.name, run_dir, spec.trackers)
-    env: dict[str, str] = {}
-    for name in enabled(info.trackers):
-        env.update(TRACKERS[name].verl_env(info))
-    return env

@@ -1,25 +1,39 @@
-"""What a tracker module gives (`Tracker`) and what they share: the run it reports (`RunInfo`), the
-options of `rpg export`, its error, and how a writer is fed. Pure Python: no tracker library here."""
+"""What a tracker module gives (`Tracker`, its settings model) and what they share: the run it reports
+(`RunInfo`), the options of `rpg export`, its errors, and how a writer is fed. Pure Python: no tracker
+library here, and no spec (the spec builds its `trackers` block from the registry, rpg_cli.trackers)."""
 
 from __future__ import annotations
 
-import socket
-import ssl
 import threading
-import urllib.error
 import urllib.parse
-import urllib.request
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, ClassVar, Protocol
 
-from rpg_cli.spec import NOT_IN_RUN_ID, Trackers
+from pydantic import BaseModel, ConfigDict
+
 from rpg_cli.store.url import redact
 
 
 class TrackerError(RuntimeError):
     """A tracker that cannot be used as asked (not installed, unreachable, no runs); one-line message."""
+
+
+class SettingError(ValueError):
+    """A setting a tracker took from the environment (`Tracker.resolve`) that cannot be used: `field` is
+    the field of its settings it was for (reported as the spec's `trackers.<name>.<field>`)."""
+
+    def __init__(self, reason: str, field: str):
+        self.reason, self.field = reason, field
+        super().__init__(reason)
+
+
+class TrackerSettings(BaseModel):
+    """A tracker's settings, the spec's `trackers.<name>` (None there: the tracker is off). The spec's
+    rules (rpg_cli.spec.models._Frozen): frozen, no unknown field, no coercion, no inf or nan."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid", strict=True, allow_inf_nan=False)
 
 
 @dataclass(frozen=True)
@@ -29,14 +43,9 @@ class RunInfo:
     run_id: str
     name: str
     sweep: str
-    spec: dict[str, Any]  # the canonical spec; trackers get it as config, less the trackers block
-    trackers: Trackers  # resolved (rpg_cli.trackers.resolve)
+    config: dict[str, Any]  # the canonical spec less the trackers block, and rpg's run id, sweep and group
+    trackers: Any  # the spec's `Trackers` block, resolved (rpg_cli.trackers.runs.resolve)
     run_dir: Path
-
-    @property
-    def config(self) -> dict[str, Any]:
-        config = {k: v for k, v in self.spec.items() if k not in NOT_IN_RUN_ID}
-        return {**config, "rpg": {"run_id": self.run_id, "sweep": self.sweep, "group": self.trackers.group}}
 
 
 @dataclass(frozen=True)
@@ -64,10 +73,11 @@ class Writer(Protocol):
 
 
 class Tracker:
-    """One tracker: a module of rpg_cli/trackers/ defines a subclass and registers an instance
-    (rpg_cli.trackers.TRACKERS). The tracker's library is imported only when a writer opens."""
+    """One tracker: a module of rpg_cli/trackers/ defines a subclass and its settings model, and registers
+    an instance (rpg_cli.trackers.TRACKERS). The tracker's library is imported only when a writer opens."""
 
     name: ClassVar[str]  # the spec's `trackers.<name>`, `rpg export --to <name>`, verl's trainer.logger entry
+    settings: ClassVar[type[TrackerSettings]]  # the model of the spec's `trackers.<name>`
     library: ClassVar[str]  # the module it needs; the extra `rpg-cli[<name>]` installs it
     credential_vars: ClassVar[tuple[str, ...]] = ()  # the env vars its library reads credentials from
 
@@ -76,7 +86,8 @@ class Tracker:
         return [self.library]
 
     def resolve(self, settings: Any, runs_root: Path, environ: Mapping[str, str]) -> Any:
-        """`settings` (the spec's model) with every default filled in, paths absolute (idempotent)."""
+        """`settings` (its settings model) with every default filled in, paths absolute (idempotent); a default
+        from `environ` that cannot be used raises SettingError."""
         return settings
 
     def verl_env(self, info: RunInfo) -> dict[str, str]:
@@ -155,16 +166,21 @@ def unreachable(url: str, timeout: float) -> str | None:
     return outcome[0] if outcome else f"no answer within {timeout:g} s"
 
 
-class _NoRedirect(urllib.request.HTTPRedirectHandler):
-    def redirect_request(self, *args: Any, **kwargs: Any) -> None:
-        return None  # a redirect is an answer: urllib raises it as an HTTPError
-
-
 def _ask(url: str, timeout: float) -> str | None:
+    # imported here: the spec imports this module (through the registry), and reads no URL
+    import socket
+    import ssl
+    import urllib.error
+    import urllib.request
+
+    class NoRedirect(urllib.request.HTTPRedirectHandler):
+        def redirect_request(self, *args: Any, **kwargs: Any) -> None:
+            return None  # a redirect is an answer: urllib raises it as an HTTPError
+
     context = ssl.create_default_context()
     context.check_hostname = False
     context.verify_mode = ssl.CERT_NONE
-    opener = urllib.request.build_opener(urllib.request.HTTPSHandler(context=context), _NoRedirect)
+    opener = urllib.request.build_opener(urllib.request.HTTPSHandler(context=context), NoRedirect)
     try:
         opener.open(url, timeout=timeout).close()
     except urllib.error.HTTPError:

@@ -5,7 +5,7 @@ Per run: every metric at its step under metrics.jsonl's (verl's) names, the eval
 steps (`eval_metrics`, with their problem-sampling intervals: `with_intervals`), the spec as config, and
 the group and tags a live run gets (the sweep's varying fields are computed over the sweep's runs in the
 store). Settings: the options given, else the run's
-own `trackers` block, else the defaults of a live run (rpg_cli.trackers.resolve).
+own `trackers` block, else the defaults of a live run (rpg_cli.trackers.runs.resolve).
 
 Exporting twice creates no duplicates: W&B resumes the run's id (`rpg-<run id>`) and logs only steps
 after the ones it has (offline: the new offline run directory replaces the earlier export's), MLflow
@@ -29,8 +29,9 @@ import numpy as np
 from rpg_cli import stats
 from rpg_cli.spec import Trackers
 from rpg_cli.store.schema import PROTOCOL
-from rpg_cli.trackers import TRACKERS, axis_tags, require, run_info
+from rpg_cli.trackers import TRACKERS
 from rpg_cli.trackers.base import ExportOptions, RunInfo, TrackerError, first_line
+from rpg_cli.trackers.runs import axis_tags, require, run_info
 
 if TYPE_CHECKING:
     from rpg_cli.store import RunRecord, Store

@@ -13,17 +13,39 @@ from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
-from rpg_cli.spec import MlflowTracker, SpecError
+from pydantic import field_validator
+
 from rpg_cli.store.url import redact
 from rpg_cli.trackers.base import (
     ExportOptions,
     RunInfo,
+    SettingError,
     Tracker,
     TrackerError,
+    TrackerSettings,
     check_server,
     first_line,
     numbers,
 )
+
+
+class MlflowSettings(TrackerSettings):
+    # default: MLFLOW_TRACKING_URI where the run runs, else sqlite:///<runs dir>/mlflow.db
+    tracking_uri: str | None = None
+
+    @field_validator("tracking_uri")
+    @classmethod
+    def _no_credentials(cls, uri: str | None) -> str | None:
+        from urllib.parse import urlsplit
+
+        if uri and "://" in uri and (urlsplit(uri).password or urlsplit(uri).username):
+            raise ValueError(
+                "credentials in the URI would be written to spec.json and the store; allowed: a URI "
+                "without user:password@ (set MLFLOW_TRACKING_USERNAME/PASSWORD or MLFLOW_TRACKING_TOKEN "
+                "where the run runs)"
+            )
+        return uri
+
 
 MLFLOW_METRICS_PER_BATCH = 1000  # MLflow's log_batch limits
 MLFLOW_PARAMS_PER_BATCH = 100
@@ -102,11 +124,9 @@ def _check_env_uri(uri: str) -> None:
     from pydantic import ValidationError
 
     try:
-        MlflowTracker(tracking_uri=uri)
+        MlflowSettings(tracking_uri=uri)
     except ValidationError as e:
-        raise SpecError(
-            f"MLFLOW_TRACKING_URI: {e.errors()[0]['ctx']['error']}", "trackers.mlflow.tracking_uri"
-        ) from None
+        raise SettingError(f"MLFLOW_TRACKING_URI: {e.errors()[0]['ctx']['error']}", "tracking_uri") from None
 
 
 class MlflowWriter:
@@ -191,15 +211,16 @@ def _flat_params(value: Any, prefix: str = "") -> dict[str, str]:
 
 class Mlflow(Tracker):
     name = "mlflow"
+    settings = MlflowSettings
     library = "mlflow"
     credential_vars = ("MLFLOW_TRACKING_TOKEN", "MLFLOW_TRACKING_USERNAME", "MLFLOW_TRACKING_PASSWORD")
 
-    def libraries(self, settings: MlflowTracker | None) -> list[str]:
+    def libraries(self, settings: MlflowSettings | None) -> list[str]:
         # MLflow's SQL stores (sqlite:, postgresql:, ...) migrate with alembic
         uri = settings.tracking_uri if settings is not None else None
         return [self.library, "alembic"] if is_database_uri(uri) else [self.library]
 
-    def resolve(self, settings: MlflowTracker, runs_root: Path, environ: Mapping[str, str]) -> MlflowTracker:
+    def resolve(self, settings: MlflowSettings, runs_root: Path, environ: Mapping[str, str]) -> MlflowSettings:
         """The URI: the spec's, else MLFLOW_TRACKING_URI, else `sqlite:///<runs root>/mlflow.db`; paths absolute."""
         uri = settings.tracking_uri or environ.get("MLFLOW_TRACKING_URI") or ""
         if uri and not settings.tracking_uri:
@@ -221,7 +242,7 @@ class Mlflow(Tracker):
     ) -> MlflowWriter:
         return MlflowWriter(info)
 
-    def check(self, settings: MlflowTracker, timeout: float) -> None:
+    def check(self, settings: MlflowSettings, timeout: float) -> None:
         """A tracking server (http/https) answers its health endpoint; a local store needs no check."""
         uri = str(settings.tracking_uri or "")
         if is_http(uri):
@@ -234,9 +255,9 @@ class Mlflow(Tracker):
         with http_limits(options.timeout):
             return super().export_run(info, steps, summary, options)
 
-    def export_settings(self, own: MlflowTracker | None, options: ExportOptions) -> MlflowTracker:
+    def export_settings(self, own: MlflowSettings | None, options: ExportOptions) -> MlflowSettings:
         try:
-            return MlflowTracker(tracking_uri=options.tracking_uri or (own.tracking_uri if own else None))
+            return MlflowSettings(tracking_uri=options.tracking_uri or (own.tracking_uri if own else None))
         except ValueError as e:  # pydantic's ValidationError: credentials in the URI
             raise TrackerError(f"--tracking-uri: {e.errors()[0]['ctx']['error']}") from None
 

@@ -10,8 +10,11 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from rpg_cli.spec import TensorBoardTracker
-from rpg_cli.trackers.base import ExportOptions, RunInfo, Tracker, numbers, write
+from rpg_cli.trackers.base import ExportOptions, RunInfo, Tracker, TrackerSettings, numbers, write
+
+
+class TensorBoardSettings(TrackerSettings):
+    dir: str | None = None  # log root, a run at <dir>/<sweep>/<run name>; default: <runs dir>/tensorboard
 
 
 def log_dir(info: RunInfo) -> Path:
@@ -43,9 +46,12 @@ class TensorBoardWriter:
 
 class TensorBoard(Tracker):
     name = "tensorboard"
+    settings = TensorBoardSettings
     library = "tensorboard"
 
-    def resolve(self, settings: TensorBoardTracker, runs_root: Path, environ: Mapping[str, str]) -> TensorBoardTracker:
+    def resolve(
+        self, settings: TensorBoardSettings, runs_root: Path, environ: Mapping[str, str]
+    ) -> TensorBoardSettings:
         """The log root, absolute; default `<runs root>/tensorboard`."""
         root = Path(settings.dir or Path(runs_root) / "tensorboard").expanduser().absolute()
         return settings.model_copy(update={"dir": str(root)})
@@ -58,8 +64,8 @@ class TensorBoard(Tracker):
     ) -> TensorBoardWriter:
         return TensorBoardWriter(log_dir(info), None if resumed_after is None else resumed_after + 1)
 
-    def export_settings(self, own: TensorBoardTracker | None, options: ExportOptions) -> TensorBoardTracker:
-        return TensorBoardTracker(dir=str(options.directory) if options.directory else (own.dir if own else None))
+    def export_settings(self, own: TensorBoardSettings | None, options: ExportOptions) -> TensorBoardSettings:
+        return TensorBoardSettings(dir=str(options.directory) if options.directory else (own.dir if own else None))
 
     def export_run(
         self, info: RunInfo, steps: dict[int, dict[str, float]], summary: dict[str, float], options: ExportOptions

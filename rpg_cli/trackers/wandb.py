@@ -5,19 +5,24 @@ from __future__ import annotations
 import shutil
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
-from rpg_cli.spec import WandbTracker
 from rpg_cli.trackers.base import (
     ExportOptions,
     RunInfo,
     Tracker,
     TrackerError,
+    TrackerSettings,
     check_server,
     first_line,
     numbers,
     write,
 )
+
+
+class WandbSettings(TrackerSettings):
+    entity: str | None = None  # default: WANDB_ENTITY where the run runs, else the account's default
+    mode: Literal["online", "offline"] | None = None  # default: WANDB_MODE where the run runs, else online
 
 
 def wandb_run_id(run_id: str) -> str:
@@ -78,10 +83,11 @@ class WandbWriter:
 
 class Wandb(Tracker):
     name = "wandb"
+    settings = WandbSettings
     library = "wandb"
     credential_vars = ("WANDB_API_KEY",)
 
-    def resolve(self, settings: WandbTracker, runs_root: Path, environ: Mapping[str, str]) -> WandbTracker:
+    def resolve(self, settings: WandbSettings, runs_root: Path, environ: Mapping[str, str]) -> WandbSettings:
         """Entity and mode from WANDB_ENTITY / WANDB_MODE where not set (else the account's entity, online)."""
         mode = settings.mode or environ.get("WANDB_MODE")
         return settings.model_copy(
@@ -113,7 +119,7 @@ class Wandb(Tracker):
     ) -> WandbWriter:
         return WandbWriter(info, files_dir or info.run_dir, quiet=quiet)
 
-    def check(self, settings: WandbTracker, timeout: float) -> None:
+    def check(self, settings: WandbSettings, timeout: float) -> None:
         """Online: W&B's server (WANDB_BASE_URL, `wandb login --host`, else api.wandb.ai) answers."""
         if settings.mode == "online":
             from wandb.sdk import wandb_setup
@@ -122,8 +128,8 @@ class Wandb(Tracker):
             fix = "check WANDB_BASE_URL (or `wandb login --host`) and the network, or use --offline"
             check_server(self.name, "the W&B server", url, timeout, fix)
 
-    def export_settings(self, own: WandbTracker | None, options: ExportOptions) -> WandbTracker:
-        return WandbTracker(
+    def export_settings(self, own: WandbSettings | None, options: ExportOptions) -> WandbSettings:
+        return WandbSettings(
             entity=options.entity or (own.entity if own else None),
             mode="offline" if options.offline else (own.mode if own else None),
         )

@@ -14,8 +14,9 @@ from pathlib import Path
 from typing import Any
 
 from rpg_cli.spec import ExperimentSpec
-from rpg_cli.trackers import TRACKERS, enabled, require, run_info
+from rpg_cli.trackers import TRACKERS
 from rpg_cli.trackers.base import RunInfo, Writer, first_line
+from rpg_cli.trackers.runs import enabled, require, run_info
 
 
 class Writers:

@@ -17,7 +17,7 @@ from rpg_cli import rundir
 from rpg_cli.backends.verl import diagnose
 from rpg_cli.inputs import Finding, check_run, count_problems
 from rpg_cli.spec import Every, SpecError, override_key
-from rpg_cli.trackers import verl_env, verl_loggers
+from rpg_cli.trackers.runs import verl_env, verl_loggers
 
 # the spec's KL-loss estimators -> verl 0.9.1's kl_loss_type (core_algos.kl_penalty_forward), which
 # rpg_cli.algorithms.kl.kl_loss_term computes alike
