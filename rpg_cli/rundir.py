@@ -3,9 +3,9 @@
     runs/<sweep>/<run name>/
       spec.json       the canonical spec; written before the job starts, read by the local backend
       metrics.jsonl   one line per step, {"step": N, "data": {"actor/pg_loss": ...}}: verl's file
-                      logger's format, written by both backends; a resumed local run appends
-                      {"restart": {"keep_through": N}} first (the steps after N logged so far are
-                      void); verl starts the file over instead (store/ingest.py reads both)
+                      logger's format, written by both backends through `MetricsLog`, only ever
+                      appended to; a resumed attempt appends {"restart": {"keep_through": N}} first
+                      (the steps after N logged so far are void); store/ingest.py reads it
       job.log         the job's output, saved when it ends or is cancelled
       checkpoints/    step_N/ (local backend: an HF model directory, plus its trainer state) or
                       global_step_N/actor/huggingface/ (verl, when it saves hf_model)
@@ -237,6 +237,37 @@ def restart_line(keep_through: int | None) -> str:
     import json
 
     return json.dumps({RESTART_KEY: {"keep_through": keep_through}}) + "\n"
+
+
+class MetricsLog:
+    """Append-only `metrics.jsonl` in verl's file-logger format, the one writer of both backends: a
+    reader that remembers an offset never loses a line, and a resumed attempt never erases an earlier one."""
+
+    def __init__(self, path: Path, keep_through: int | None):
+        """Continue the file of an earlier attempt, if any, with a restart line: the steps after
+        `keep_through` (all of them when None) it logged are void. A line cut short by a crash is
+        ended first, so the restart line stays a line of its own."""
+        self.path = Path(path)
+        make_run_dir(self.path.parent)
+        fd = open_owned(self.path, os.O_RDONLY | os.O_CREAT)
+        try:
+            earlier = os.fstat(fd).st_size > 0
+        finally:
+            os.close(fd)
+        if earlier:
+            append_line(self.path, restart_line(keep_through))
+
+    def write(self, step: int, data: dict) -> None:
+        import json
+
+        append_line(self.path, json.dumps({"step": step, "data": data}, sort_keys=True, default=_plain))
+
+
+def _plain(value):
+    # numpy and torch scalars (verl's metrics) as JSON numbers
+    if hasattr(value, "tolist"):
+        return value.tolist()
+    raise TypeError(f"{type(value).__name__} is not a metric value")
 
 
 # ------------------------------------------------------------------------------------------ checkpoints

@@ -138,7 +138,9 @@ def test_a_postgresql_server_down_past_the_patience_stops_the_sweep_in_one_line(
     assert clock.waits == 3
     assert line.startswith("rpg sweep: the results database postgresql+psycopg://rpg@127.0.0.1:"), line
     assert f"did not answer for {db_module.OUTAGE_PATIENCE_S:g} s (" in line, line
-    assert line.endswith("run the same `rpg sweep` command again to re-attach"), line
+    assert line.endswith(
+        "run the same `rpg sweep` command again to re-attach (the jobs keep running; every state is kept)"
+    )
     # the job ran on meanwhile; once the server is back, the same command re-attaches and records it all
     assert server.start().returncode == 0
     _watch_sweep(plans, "pg2", server.url, runs_dir=str(cluster["runs"]))
@@ -169,7 +171,10 @@ def test_a_full_disk_stops_the_sweep_in_one_line_and_the_same_command_resumes(cl
         sa.event.remove(sa.pool.Pool, "checkout", cap)
 
     assert line.startswith(f"rpg sweep: the results database {db} cannot grow: its disk is full ("), line
-    assert "database or disk is full" in line and "free space" in line, line
-    assert line.endswith("run the same `rpg sweep` command again to re-attach"), line
+    assert "database or disk is full" in line and "free space, then run the same `rpg sweep`" in line, line
+    assert line.count("again") == 1, line  # the fix said once
+    assert line.endswith(
+        "run the same `rpg sweep` command again to re-attach (the jobs keep running; every state is kept)"
+    )
     _watch_sweep(plans, "full1", db, runs_dir=str(cluster["runs"]))  # space again: the same command
     assert_all_there(db, plans, steps, cluster)

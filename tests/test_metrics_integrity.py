@@ -206,7 +206,7 @@ def test_a_corrupt_line_is_warned_about_with_its_file_and_line_number_once(tmp_p
 
 
 def test_metrics_log_appends_a_restart_line_and_ends_a_torn_line(tmp_path):
-    from rpg_cli.backends.local.checkpoint import MetricsLog
+    from rpg_cli.rundir import MetricsLog
 
     path = tmp_path / "metrics.jsonl"
     log = MetricsLog(path, keep_through=None)  # a new run: nothing to void, no restart line

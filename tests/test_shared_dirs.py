@@ -147,7 +147,7 @@ def test_a_planted_run_directory_link_is_refused_before_eval_writes_or_a_sweep_s
 
 def test_a_planted_metrics_file_link_is_neither_appended_to_nor_ingested(tmp_path):
     pytest.importorskip("torch")
-    from rpg_cli.backends.local.checkpoint import MetricsLog
+    from rpg_cli.rundir import MetricsLog
 
     victim = tmp_path / "victim.txt"
     victim.write_text("the victim's own file\n")
@@ -253,8 +253,9 @@ def test_what_another_user_made_in_a_shared_runs_directory_is_refused(other_user
 def test_what_rpg_writes_under_runs_is_its_owners_to_write_and_the_umasks_to_read(tmp_path, umask):
     torch = pytest.importorskip("torch")
     pytest.importorskip("transformers")
-    from rpg_cli.backends.local.checkpoint import MetricsLog, save_checkpoint
+    from rpg_cli.backends.local.checkpoint import save_checkpoint
     from rpg_cli.datasets.toy import build_model, build_tokenizer
+    from rpg_cli.rundir import MetricsLog
 
     run_dir = tmp_path / "runs" / "s1" / "r1"
     tokenizer = build_tokenizer()

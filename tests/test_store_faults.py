@@ -255,7 +255,7 @@ def test_a_full_disk_is_one_line_with_the_fix_and_the_same_command_then_works(tm
         one_line_failure(
             cancel,
             f"rpg cancel: the results database {db} cannot grow: its disk is full (database or disk is full)",
-            "free space and run the same command again",
+            "free space, then run the same command again",
         )
     assert run_states(db, [plan.id]) == {plan.id: "pending"}  # the failed write left nothing half-done
     done = CliRunner().invoke(app, cancel)  # space again: the same command

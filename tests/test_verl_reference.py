@@ -13,6 +13,7 @@ from conftest import make_spec
 
 verl = pytest.importorskip("verl", reason="the verl extra is not installed")
 
+import numpy as np  # noqa: E402
 import torch  # noqa: E402
 from hydra import compose, initialize_config_dir  # noqa: E402
 
@@ -84,7 +85,15 @@ def test_verl_0_9_1_names_the_reference_hook_relies_on():
     # Tracking it builds in fit
     assert fit.index("self._save_checkpoint()") < fit.index("self._validate()", fit.index("self._save_checkpoint()"))
     assert fit.index("self._save_checkpoint()") < fit.index("self.logger.log(data=metrics")
-    assert "self.logger = Tracking(" in fit
+    assert "self.logger = Tracking(" in fit and "default_backend=self.config.trainer.logger" in fit
+    # verl's file logger starts metrics.jsonl over ("wb") in every job: RPGTrainer puts rpg's append-only log in its
+    # place, as one more entry of the Tracking's backends, which log() and finish() walk
+    from verl.utils import tracking
+
+    assert 'open(self.filepath, "wb"' in source(tracking.FileLogger.__init__)
+    assert 'if "file" in default_backend:' in source(tracking.Tracking.__init__)
+    assert "for default_backend, logger_instance in self.logger.items():" in source(tracking.Tracking.log)
+    assert 'loggers["file"].finish()' in source(tracking.Tracking.finish)
     assert step_once.index("self._compute_old_log_prob(") < step_once.index("self._compute_ref_log_prob(")
     # the worker class it replaces, the worker groups it calls, the checkpoint folder it writes into
     pool = source(trainer_base.PPOTrainer._init_resource_pool_mgr)
@@ -244,6 +253,55 @@ def test_a_steps_checkpoint_is_saved_after_its_metrics_are_logged(tmp_path, monk
         trainer.logger.log(data={"loss": 0.5}, step=step)
     trainer.logger.finish()
     assert order == [("log", 0), ("log", 1), ("log", 2), ("save", 2), "finish"]
+
+
+def test_a_resumed_job_continues_metrics_jsonl_instead_of_starting_it_over(tmp_path, monkeypatch):
+    """verl's fit builds its Tracking from trainer.logger; with RPGTrainer the first attempt's lines (a torn
+    one too) stay, a restart line keeps the steps through the resumed checkpoint, the second attempt follows."""
+    from omegaconf import OmegaConf
+    from verl.trainer.ppo.v1.trainer_base import PPOTrainer
+    from verl.utils.tracking import Tracking
+
+    from rpg_cli.store.ingest import metrics_view
+
+    path = tmp_path / "metrics.jsonl"
+    monkeypatch.setenv("VERL_FILE_LOGGER_PATH", str(path))
+    monkeypatch.setattr(PPOTrainer, "_save_checkpoint", lambda self: None)
+
+    def verls_fit(self, steps):  # what verl's fit does with its logger: build it, log each step, finish
+        self.logger = Tracking("p", "e", default_backend=self.config.trainer.logger)
+        for step in steps:
+            self.logger.log(data={"actor/pg_loss": np.float32(step / 10), "val": 1.0 if step == 0 else 0.5}, step=step)
+        self.logger.finish()
+
+    monkeypatch.setattr(ref.PPOTrainerSync, "fit", verls_fit)
+    for resumed, steps in ((0, [0, 1, 2, 3]), (2, [2, 3, 4])):  # killed after step 3, resumed from global_step_2
+        trainer = trainer_shell("frozen")
+        trainer.config = OmegaConf.create({"trainer": {"logger": ["console", "file"]}})
+        trainer.global_steps = resumed
+        trainer.fit(steps)
+        assert list(trainer.config.trainer.logger) == ["console"]  # verl's own file logger never opened the file
+        if not resumed:
+            with path.open("ab") as f:
+                f.write(b'{"step": 4, "data": {"actor/pg_lo')  # the crash cut a line short
+    lines = path.read_text().splitlines()
+    assert [json.loads(line).get("step") for line in lines[:4]] == [0, 1, 2, 3]
+    assert lines[4] == '{"step": 4, "data": {"actor/pg_lo' and lines[5] == '{"restart": {"keep_through": 2}}'
+    assert [json.loads(line)["step"] for line in lines[6:]] == [2, 3, 4]
+    view = metrics_view(path.read_text())
+    assert sorted(view) == [0, 1, 2, 3, 4] and view[3]["actor/pg_loss"] == pytest.approx(0.3)
+
+
+def test_a_job_without_rpgs_file_logger_path_keeps_verls_loggers(tmp_path, monkeypatch):
+    from omegaconf import OmegaConf
+
+    monkeypatch.delenv("VERL_FILE_LOGGER_PATH", raising=False)
+    monkeypatch.setattr(ref.PPOTrainerSync, "fit", lambda self: None)
+    trainer = trainer_shell("frozen")
+    trainer.config = OmegaConf.create({"trainer": {"logger": ["console", "file"]}})
+    trainer.global_steps = 0
+    trainer.fit()
+    assert list(trainer.config.trainer.logger) == ["console", "file"] and "_metrics_log" not in trainer.__dict__
 
 
 # ---------------------------------------------------------------- the pieces of the worker and the hook

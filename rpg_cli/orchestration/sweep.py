@@ -32,6 +32,7 @@ from rpg_cli.orchestration.submit import from_ms, killed_by, ray_jobs, run_state
 from rpg_cli.states import ATTACH, DONE, LIVE, SKIP, STATUSES, TERMINAL, run_action
 from rpg_cli.store import DEFAULT_DB_URL, StoreError, open_store
 from rpg_cli.store.light import run_states
+from rpg_cli.store.url import RUN_AGAIN
 
 if TYPE_CHECKING:
     from ray.job_submission import JobDetails, JobSubmissionClient
@@ -141,9 +142,10 @@ def run_sweep(
                 time.sleep(poll_s)
                 store.riding_out(lambda: _poll(client, store, ids))
         except StoreError as exc:
+            again = "run the same `rpg sweep` command again to re-attach (the jobs keep running; every state is kept)"
+            message = str(exc)  # said once: the store's own "run the same command again" becomes the sweep's
             raise StoreError(
-                f"{exc}; the jobs keep running and every state recorded is kept: run the same `rpg sweep` "
-                "command again to re-attach"
+                message.removesuffix(RUN_AGAIN) + again if message.endswith(RUN_AGAIN) else f"{message}; {again}"
             ) from None
         except OSError as exc:  # requests' connection errors: the cluster went away
             if isinstance(exc, rundir.UnsafePathError):

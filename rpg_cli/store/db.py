@@ -42,6 +42,7 @@ from rpg_cli.store.queries import Queries
 from rpg_cli.store.schema import PROTOCOL, schema
 from rpg_cli.store.url import (
     DEFAULT_DB_URL,
+    RUN_AGAIN,
     SQLITE_BUSY_TIMEOUT_S,
     EmptyStoreError,
     NoStoreError,
@@ -476,7 +477,7 @@ class Store(Queries):
             if any(full.lower() in str(exc).lower() for full in _DISK_FULL):
                 raise StoreError(
                     f"the results database {display_url(str(self.engine.url))} cannot grow: its disk is full "
-                    f"({_reason(exc)}); free space and run the same command again (what was recorded is kept)"
+                    f"({_reason(exc)}); free space, then {RUN_AGAIN}"
                 ) from None
             raise
 

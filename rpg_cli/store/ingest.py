@@ -6,13 +6,15 @@ The file, as the store reads it (rundir.py has the layout):
 
     {"step": N, "data": {...}}            a record; a (step, key) logged again later wins
     {"restart": {"keep_through": N}}      a resumed attempt starts here: the steps above N logged so far
-                                          are void (N null: all of them); the local trainer writes it
+                                          are void (N null: all of them); both backends write it
+                                          (rundir.MetricsLog)
     anything else on a complete line      corrupt (a crash cut it, or another writer): skipped, warned
 
-verl's file logger opens the file with "wb" when a job starts, so a resumed verl run starts the file
-over instead of writing a restart line: the store notices (metric_files keeps the file's identity and
-a fingerprint of what it read) and treats the first record of a file read from its start as a restart
-that keeps its own step and those below (verl logs the resumed step's validation there first).
+A file started over or rewritten in place (verl's own file logger opens it with "wb" when a job starts: a
+verl run from before rpg's trainer wrote metrics.jsonl itself, or verl run by hand) is noticed
+(metric_files keeps the file's identity and a fingerprint of what it read), and the first record of a
+file read from its start is taken as a restart that keeps its own step and those below (verl logs the
+resumed step's validation there first).
 
 verl logs `val-core/<data_source>/acc/mean@N`, `.../acc/best@N/mean`, `.../acc/maj@N/mean` and more
 (`val-aux/...`: std@N, worst@N/..., and best/maj for smaller N). They are stored with scorer

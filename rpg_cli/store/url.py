@@ -12,6 +12,10 @@ DB_ENVVAR = "RPG_DB"
 SQLITE_BUSY_TIMEOUT_S = 60.0
 
 
+# how a StoreError whose fix is to retry ends (a full disk): a caller with a better retry says it instead
+RUN_AGAIN = "run the same command again (what was recorded is kept)"
+
+
 class StoreError(RuntimeError):
     """A store problem the user can fix (missing database, unsupported URL); one-line message."""
 

@@ -1,6 +1,6 @@
 """verl 0.9.1's whole loop, as a user runs it: `rpg sweep --address` on a Ray head, vLLM (its CPU build) rolling
 out, FSDP training, rewards, old and reference log-probs, the weight sync back to vLLM, validation, rpg's
-reference resets, checkpoints and verl's file logger; a job killed after a checkpoint and resumed by `rpg sweep
+reference resets, checkpoints and metrics.jsonl; a job killed after a checkpoint and resumed by `rpg sweep
 --retry-failed`; then `rpg eval --engine vllm` and `rpg report`. What stands in for a GPU is in stand_ins.py.
 """
 
@@ -13,6 +13,7 @@ import pytest
 
 from rpg_cli.metrics import EMITTED_BY_BOTH
 from rpg_cli.store import open_store
+from rpg_cli.store.ingest import metrics_view
 
 # verl's measures of how far vLLM's sampling distribution is from the actor's on the step's tokens: the mean
 # probability difference and a k3 estimate of the KL between the two (its max, over ~80 tokens here, is one token's
@@ -87,9 +88,14 @@ def test_retry_resumes_from_the_checkpoint_with_its_reference_and_loses_no_row(w
     assert resumed.returncode == 0, resumed.stdout[-3000:] + resumed.stderr[-3000:]
     run, metrics, evals = run_of(workdir, "rpg_reinforce")
     assert run.status == "succeeded" and run.attempts == 2
-    # verl's file logger starts the file over: the resumed attempt logged from step 4 on (validation first)
-    first = json.loads(run.metrics_path.read_text().splitlines()[0])
-    assert first["step"] == 4 and "actor/pg_loss" not in first["data"]
+    # metrics.jsonl keeps the first attempt (rpg's log, not verl's file logger, which starts the file over), then
+    # a restart line keeping the steps through the checkpoint, then the resumed attempt from step 4 (validation first)
+    lines = [json.loads(line) for line in run.metrics_path.read_text().splitlines()]
+    restart = lines.index({"restart": {"keep_through": 4}})
+    assert [line["step"] for line in lines[:restart] if "actor/pg_loss" in line["data"]] == [1, 2, 3, 4]
+    assert lines[restart + 1]["step"] == 4 and "actor/pg_loss" not in lines[restart + 1]["data"]
+    assert [line["step"] for line in lines[restart + 1 :] if "actor/pg_loss" in line["data"]] == [5]
+    assert steps_with(metrics_view(run.metrics_path.read_text()), "actor/pg_loss") == [1, 2, 3, 4, 5]
     assert steps_with(metrics, "actor/pg_loss") == [1, 2, 3, 4, 5]  # every step once (the store's key)
     assert {e["step"] for e in evals if e["scorer"] == "verl-val" and e["metric"] == "mean@k"} == {0, 2, 4, 5}
     ref = {step: {k: v for k, v in metrics[step].items() if k.startswith("ref/")} for step in range(1, 6)}

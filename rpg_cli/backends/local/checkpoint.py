@@ -1,18 +1,15 @@
-"""Checkpoints and the metrics log of a run directory, both safe to interrupt at any point.
+"""Checkpoints of a run directory, and its metrics log, both safe to interrupt at any point.
 
 <run_dir>/checkpoints/step_N/   HF model + tokenizer (loadable by any HF tool) and trainer_state.pt
                                 (optimizer, reference weights when they are not the initial model and
                                 the reset schedule's state, the data position); written to a temporary
                                 directory and renamed, so a step_N directory is always complete.
-<run_dir>/metrics.jsonl         one line per step, {"step": N, "data": {...}}, flushed per line;
-                                only ever appended to: a resumed attempt appends a restart line
-                                first, which voids the steps after its checkpoint (that work is
-                                redone), so a reader that remembers an offset never loses a line.
+<run_dir>/metrics.jsonl         rundir.MetricsLog: a resumed attempt appends a restart line first,
+                                which voids the steps after its checkpoint (that work is redone).
 """
 
 from __future__ import annotations
 
-import json
 import os
 import shutil
 import uuid
@@ -56,24 +53,3 @@ def save_checkpoint(run_dir: Path, step: int, model, tokenizer, state: dict[str,
 
 def load_state(checkpoint: Path) -> dict[str, Any]:
     return torch.load(Path(checkpoint) / STATE_FILE, map_location="cpu", weights_only=False)
-
-
-class MetricsLog:
-    """Append-only `metrics.jsonl` in verl's file-logger format (rundir.py, store/ingest.py)."""
-
-    def __init__(self, path: Path, keep_through: int | None):
-        """Continue the file of an earlier attempt, if any, with a restart line: the steps after
-        `keep_through` (all of them when None) it logged are void. A line cut short by a crash is
-        ended first, so the restart line stays a line of its own."""
-        self.path = Path(path)
-        rundir.make_run_dir(self.path.parent)
-        fd = rundir.open_owned(self.path, os.O_RDONLY | os.O_CREAT)
-        try:
-            earlier = os.fstat(fd).st_size > 0
-        finally:
-            os.close(fd)
-        if earlier:
-            rundir.append_line(self.path, rundir.restart_line(keep_through))
-
-    def write(self, step: int, data: dict[str, float]) -> None:
-        rundir.append_line(self.path, json.dumps({"step": step, "data": data}, sort_keys=True))

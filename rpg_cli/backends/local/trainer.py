@@ -139,7 +139,7 @@ class Trainer:
                 self.reference.load_state_dict(state["reference"])
             self.start_step, self.gen_batches = state["step"] + 1, state["gen_batches"]
             log(f"resuming from {resume[1].name}: continuing at step {self.start_step}")
-        self.metrics = ckpt.MetricsLog(rundir.metrics_path(self.run_dir), keep_through=resume[0] if resume else None)
+        self.metrics = rundir.MetricsLog(rundir.metrics_path(self.run_dir), keep_through=resume[0] if resume else None)
         self.trackers = open_run(spec, self.run_dir, resumed_after=resume[0] if resume else None)
 
     def log_metrics(self, step: int, metrics: dict[str, float]) -> None:

@@ -22,6 +22,11 @@ N, so a job that dies in between resumes at step N + 1 and step N's metrics are 
 the end-to-end test). `RPGTrainer` saves once the step is logged; a job that dies in between re-runs the step,
 and the store keeps the latest value of each (step, metric).
 
+metrics.jsonl is rpg's (`rundir.MetricsLog`, as on the local backend), not verl's file logger, which opens the
+file with "wb" when a job starts: a resumed job would erase every step of the attempts before it. `fit` takes
+"file" out of `trainer.logger` before verl builds its Tracking and puts rpg's log in its place, which appends a
+restart line (keep the steps through the resumed checkpoint's) and then the resumed attempt's steps.
+
 Resume: a checkpoint (`global_step_N/`) also holds the schedule's state (`rpg_reference.json`) and, once the
 reference has been reset (so it is neither the initial model nor the current one), its weights
 (`reference/`, one shard file per rank, like verl's own model shards); `_load_checkpoint` restores both, so
@@ -37,6 +42,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+from pathlib import Path
 
 import ray
 import torch
@@ -52,6 +58,7 @@ from verl.workers.engine_workers import ActorRolloutRefWorker
 from rpg_cli.algorithms.kl import reference_kl
 from rpg_cli.backends.verl.admission import admit
 from rpg_cli.backends.verl.launch import RPG_TRAINER, reference_from_config
+from rpg_cli.rundir import MetricsLog
 from rpg_cli.spec import Every
 from rpg_cli.spec.reference import ReferenceTracker
 
@@ -210,7 +217,16 @@ class RPGTrainer(PPOTrainerSync):
             # nothing reads: verl starts no worker for it, and its KL is not measured
             metrics.update(self.reference.metrics(global_steps))
 
-    # -- checkpoints after the step's metrics ------------------------------------------------
+    # -- metrics.jsonl, and checkpoints after the step's metrics -------------------------------
+
+    def fit(self, *args, **kwargs):
+        # verl's Tracking would open metrics.jsonl with "wb": rpg's append-only log stands in (module doc)
+        path, backends = os.environ.get("VERL_FILE_LOGGER_PATH"), self.config.trainer.logger
+        if path and not isinstance(backends, str) and "file" in backends:
+            with open_dict(self.config):
+                self.config.trainer.logger = [b for b in backends if b != "file"]
+            self.__dict__["_metrics_log"] = MetricsLog(Path(path), keep_through=self.global_steps or None)
+        return super().fit(*args, **kwargs)
 
     @property
     def logger(self):
@@ -218,7 +234,10 @@ class RPGTrainer(PPOTrainerSync):
 
     @logger.setter
     def logger(self, tracking):
-        # verl builds its Tracking in fit(): the step's checkpoint waits for the step's log (module doc)
+        # verl builds its Tracking in fit(): rpg's metrics.jsonl joins its backends, and the step's checkpoint
+        # waits for the step's log (module doc)
+        if tracking is not None and (log := self.__dict__.get("_metrics_log")) is not None:
+            tracking.logger["file"] = _FileLog(log)
         self.__dict__["_tracking"] = _SaveAfterLog(tracking, self._save_requested) if tracking is not None else None
 
     def _save_checkpoint(self):
@@ -267,6 +286,19 @@ class RPGTrainer(PPOTrainerSync):
         else:
             folder = os.path.join(trainer.default_local_dir, f"global_step_{self.global_steps}")
         return folder if os.path.isabs(folder) else os.path.join(os.getcwd(), folder)
+
+
+class _FileLog:
+    """`rundir.MetricsLog` as one of verl's Tracking backends (`log(data, step)`, `finish()`)."""
+
+    def __init__(self, log: MetricsLog):
+        self._log = log
+
+    def log(self, data, step):
+        self._log.write(step, data)
+
+    def finish(self):
+        pass  # every line is written whole when it is logged
 
 
 class _SaveAfterLog:
