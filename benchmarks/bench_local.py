@@ -21,7 +21,7 @@ from pathlib import Path
 
 import torch
 
-PROMPTS, SAMPLES, BUDGET, LR, WARMUP = 8, 8, 28, 5e-4, 3
+PROMPTS, SAMPLES, BUDGET, LR, WARMUP = 8, 8, 27, 5e-4, 3  # BUDGET: the toy's 32 positions less its 5-token prompts
 
 
 def ours(toy, work: Path, steps: int) -> dict[str, float]:
