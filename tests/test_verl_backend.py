@@ -582,7 +582,7 @@ def test_sweep_dry_run_takes_a_reset_reference_and_shows_its_overrides(reference
     )
     assert result.exit_code == 0, result.output
     (row,) = json.loads(result.stdout)
-    settings = {arg.split("=", 1)[0]: arg.split("=", 1)[1] for arg in row["entrypoint"][3:]}
+    settings = {arg.split("=", 1)[0]: arg.split("=", 1)[1] for arg in launch.overrides_of(row["entrypoint"])}
     assert settings["trainer.v1.trainer_mode"] == "rpg"
     assert settings["+trainer.v1.rpg.reference"] == "reset"
     assert settings["+trainer.v1.rpg.every"] == str(reference.get("every", "null"))
@@ -613,7 +613,7 @@ def test_dry_run_json_shows_the_full_verl_entrypoint_and_reserves_no_gpu(tmp_pat
     rows = json.loads(result.stdout)
     assert len(rows) == len(load_sweep(GRIDS[1]).expand())
     for row in rows:
-        assert row["entrypoint"][:3] == ["python", "-m", "verl.trainer.main_ppo"]
+        assert row["entrypoint"][:3] == ["python", "-m", "rpg_cli.backends.verl.start"]
         assert (
             f"actor_rollout_ref.actor.policy_loss.loss_mode={ExperimentSpec.model_validate(row['spec']).loss_name}"
             in row["entrypoint"]

@@ -67,6 +67,17 @@ def test_grpo_and_dapo_train_validate_and_checkpoint(workdir, first_sweep):
     assert all(grpo[step]["actor/kl_loss"] >= 0 for step in (1, 2))  # the frozen reference's clamped k3 (>= 0)
 
 
+def test_runs_waiting_for_the_gpu_wait_before_verl_starts(workdir, first_sweep):
+    """Three runs, one GPU: a run that waits does so as its bare entrypoint (start.py), before verl's driver,
+    task runner and TransferQueue actors exist, and starts verl once the GPU is free."""
+    logs = [(run_of(workdir, a)[0].run_dir / "job.log").read_text() for a in ("grpo", "dapo")]
+    waited = [log for log in logs if "rpg (before verl starts): waiting for 1 GPU(s)" in log]
+    assert waited, [log[-2000:] for log in logs]
+    for log in waited:
+        verl_started = log.index("[validate_config] All configuration checks passed successfully!")
+        assert log.index("rpg (before verl starts): 1 GPU(s) free, reserving 1") < verl_started
+
+
 def test_every_training_line_carries_the_metrics_both_backends_promise(workdir, first_sweep):
     run, _, _ = run_of(workdir, "grpo")  # one attempt: its file holds every step
     lines = [json.loads(line) for line in run.metrics_path.read_text().splitlines()]

@@ -1,4 +1,5 @@
-"""How a job starts the verl backend: spec -> `python -m verl.trainer.main_ppo <hydra overrides>`.
+"""How a job starts the verl backend: spec -> `python -m verl.trainer.main_ppo <hydra overrides>`, behind
+`python -m rpg_cli.backends.verl.start`, which first waits for the run's GPUs (start.py).
 
 Pure python (no verl, torch or ray import), so `rpg sweep --dry-run` stays fast. Targets verl 0.9.1:
 every key below exists in its `ppo_trainer.yaml` (or is added with `+`), which tests/test_verl_backend.py
@@ -48,12 +49,19 @@ KL_IN_REWARD = ("reinforce_pp", "reinforce_pp_baseline")
 KL_IN_LOSS = ("rpg", "rpg_reinforce", "grpo")
 
 
-ENTRYPOINT = ("python", "-m", "verl.trainer.main_ppo")
+ENTRYPOINT = ("python", "-m", "rpg_cli.backends.verl.start")  # waits for the run's GPUs, then runs main_ppo
 
 
 def entrypoint(spec: ExperimentSpec, run_dir: Path) -> list[str]:
-    """The job's command line: verl's PPO entry point and one Hydra override per argument."""
-    return [*ENTRYPOINT, *overrides(spec, run_dir)]
+    """The job's command line: rpg's start (start.py), which waits for the run's GPUs and then becomes verl's
+    PPO entry point, with one Hydra override per argument after `--`."""
+    gpus = spec.resources.nodes * spec.resources.gpus_per_node
+    return [*ENTRYPOINT, "--gpus", str(gpus), "--", *overrides(spec, run_dir)]
+
+
+def overrides_of(argv: list[str]) -> list[str]:
+    """The Hydra overrides of an `entrypoint` command line."""
+    return argv[argv.index("--") + 1 :]
 
 
 def resources(spec: ExperimentSpec) -> tuple[float, float]:
@@ -87,7 +95,7 @@ def check_install(entrypoints: dict[str, list[str]] | None = None) -> None:
     """Before any verl run is submitted: the plugin must load in a fresh interpreter, and verl's own config
     must take each run's overrides (run name -> `entrypoint`), the spec's `verl` block included
     (RuntimeError, one line, if not)."""
-    configs = {name: argv[len(ENTRYPOINT) :] for name, argv in (entrypoints or {}).items()}
+    configs = {name: overrides_of(argv) for name, argv in (entrypoints or {}).items()}
     diagnose.check_plugin_loads(PLUGIN_MODULE, configs=configs)
 
 
