@@ -588,7 +588,16 @@ def test_plan_sweep_entrypoints_resources_and_paths(tmp_path):
     p = plans[0]
     assert p.run_dir == (tmp_path / "runs" / "paper-qwen25-7b-instruct" / p.name) and p.run_dir.is_absolute()
     # rpg's start waits for the run's 8 GPUs, then becomes verl's main_ppo with the overrides after --
-    assert p.entrypoint[:6] == ["python", "-m", "rpg_cli.backends.verl.start", "--gpus", "8", "--"]
+    assert p.entrypoint[:8] == [
+        "python",
+        "-m",
+        "rpg_cli.backends.verl.start",
+        "--gpus",
+        "8",
+        "--run",
+        f"rpg-{p.id}",
+        "--",
+    ]
     # the verl driver reserves no GPU: its Ray workers take the spec's 8
     assert (p.num_gpus, p.num_cpus, p.backend, p.sweep) == (0.0, 1.0, "verl", "paper-qwen25-7b-instruct")
     assert p.id == p.name[-8:] and p.spec["algorithm"] == p.name.split("-")[0]

@@ -88,7 +88,7 @@ def test_dry_run_json_shape_for_the_qwen3_grid(workdir):
         assert r["name"].endswith(r["id"]) and len(r["id"]) == 8
         ep = r["entrypoint"]
         assert all(isinstance(a, str) for a in ep)
-        assert ep[:3] == ["python", "-m", "rpg_cli.backends.verl.start"] and ep[5] == "--"
+        assert ep[:3] == ["python", "-m", "rpg_cli.backends.verl.start"] and ep[7] == "--"
         run_dir = workdir / "elsewhere" / "paper-qwen3-4b" / r["name"]
         assert f"trainer.default_local_dir={run_dir / 'checkpoints'}" in ep  # the run's own directory
 

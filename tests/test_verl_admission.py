@@ -36,16 +36,16 @@ def test_a_run_whose_gpus_are_free_goes_at_once_and_says_nothing():
 
 
 def started(monkeypatch, environ: dict[str, str]) -> list:
-    """What `python -m rpg_cli.backends.verl.start --gpus 2 -- a=1 +b=2` does, in order: waits, then exec."""
+    """What `python -m rpg_cli.backends.verl.start --gpus 2 --run rpg-1a2b3c4d -- a=1 +b=2` does, in order."""
     from rpg_cli.backends.verl import start
 
     calls = []
     monkeypatch.delenv("RAY_ADDRESS", raising=False)
     for key, value in environ.items():
         monkeypatch.setenv(key, value)
-    monkeypatch.setattr(start, "wait_for_gpus", lambda gpus: calls.append(("wait", gpus)))
+    monkeypatch.setattr(start, "wait_for_gpus", lambda gpus, run: calls.append(("wait", gpus, run)))
     monkeypatch.setattr(start.os, "execv", lambda path, argv: calls.append(("exec", path, argv)))
-    start.main(["--gpus", "2", "--", "a=1", "+b=2"])
+    start.main(["--gpus", "2", "--run", "rpg-1a2b3c4d", "--", "a=1", "+b=2"])
     return calls
 
 
@@ -53,10 +53,8 @@ def test_a_job_waits_for_its_gpus_then_becomes_main_ppo_with_its_overrides(monke
     import sys
 
     calls = started(monkeypatch, {"RAY_ADDRESS": "127.0.0.1:6379"})  # Ray sets it for every job's entrypoint
-    assert calls == [
-        ("wait", 2),
-        ("exec", sys.executable, [sys.executable, "-m", "verl.trainer.main_ppo", "a=1", "+b=2"]),
-    ]
+    main_ppo = [sys.executable, "-m", "verl.trainer.main_ppo", "a=1", "+b=2"]
+    assert calls == [("wait", 2, "rpg-1a2b3c4d"), ("exec", sys.executable, main_ppo)]
 
 
 def test_outside_a_ray_job_it_waits_for_nothing(monkeypatch):
@@ -70,8 +68,10 @@ def test_the_entrypoint_names_the_runs_gpus_and_check_install_reads_its_override
 
     spec = make_spec(backend="verl", resources={"nodes": 2, "gpus_per_node": 4, "cpus": 2}, train_batch_size=8)
     argv = launch.entrypoint(spec, tmp_path)
-    assert argv[:6] == ["python", "-m", "rpg_cli.backends.verl.start", "--gpus", "8", "--"]
+    lease = f"rpg-{spec.run_id}"  # the run's Ray namespace, which its trainer ends the lease with
+    assert argv[:8] == ["python", "-m", "rpg_cli.backends.verl.start", "--gpus", "8", "--run", lease, "--"]
     assert launch.overrides_of(argv) == launch.overrides(spec, tmp_path)
+    assert f"+ray_kwargs.ray_init.namespace={lease}" in launch.overrides_of(argv)
 
 
 def test_the_wait_marks_its_lines_apart_from_verls():
@@ -89,3 +89,45 @@ def test_the_wait_marks_its_lines_apart_from_verls():
         "rpg (before verl starts): waiting for 1 GPU(s), 0 of the cluster's 1 free: other runs hold them",
         "rpg (before verl starts): 1 GPU(s) free, reserving 1",
     ]
+
+
+def test_gpus_a_run_was_let_through_for_are_leased_to_it_until_it_reserves_them():
+    """Runs submitted together all see the same GPUs free before verl reserves any: a lease per run."""
+    from rpg_cli.backends.verl.admission import LEASE_S, Leases
+
+    leases = Leases()
+    assert leases.claim("a", 1, free=1, now=0) == 1  # a: through, leased
+    assert leases.claim("b", 1, free=1, now=1) == 0  # b: the free GPU is a's
+    assert leases.claim("a", 1, free=1, now=2) == 1  # a's own lease does not count against it
+    leases.release("a")  # a's trainer reserved it: the cluster's count has it now
+    assert leases.claim("b", 1, free=0, now=3) == 0
+    assert leases.claim("b", 1, free=1, now=4) == 1  # a ended: b through
+    assert leases.claim("c", 1, free=1, now=4 + LEASE_S - 1) == 0
+    assert leases.claim("c", 1, free=1, now=4 + LEASE_S) == 1  # b died before reserving: its lease ran out
+
+
+LEDGER_ON_RAY = """
+import json, sys, tempfile
+import ray
+from rpg_cli.backends.verl.admission import LEDGER, LEDGER_NAMESPACE, ledger
+ray.init(num_cpus=1, num_gpus=2, include_dashboard=False, _temp_dir=tempfile.mkdtemp(prefix="rpgl"), _node_ip_address="127.0.0.1")
+first, again = ledger(), ledger()  # one actor for the cluster, whoever asks
+out = [ray.get(first.claim.remote("a", 2)), ray.get(again.claim.remote("b", 1))]
+ray.get(ray.get_actor(LEDGER, namespace=LEDGER_NAMESPACE).release.remote("a"))  # as a's trainer does
+out.append(ray.get(again.claim.remote("b", 1)))
+print(json.dumps(out))
+ray.shutdown()
+"""
+
+
+def test_the_ledger_is_one_detached_actor_per_cluster_that_reads_the_free_gpus_itself(tmp_path):
+    import json
+    import subprocess
+    import sys
+
+    pytest.importorskip("ray")
+    done = subprocess.run(
+        [sys.executable, "-c", LEDGER_ON_RAY], cwd=tmp_path, capture_output=True, text=True, timeout=120
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert json.loads(done.stdout.splitlines()[-1]) == [2, 0, 2]

@@ -292,6 +292,22 @@ def test_a_resumed_job_continues_metrics_jsonl_instead_of_starting_it_over(tmp_p
     assert sorted(view) == [0, 1, 2, 3, 4] and view[3]["actor/pg_loss"] == pytest.approx(0.3)
 
 
+def test_the_trainer_ends_its_gpu_lease_once_its_workers_hold_the_gpus_or_fail(monkeypatch):
+    """start.py leased the run's GPUs (admission.py); verl's _setup reserves them with the workers' placement groups."""
+    from omegaconf import OmegaConf
+
+    released = []
+    monkeypatch.setattr(ref, "release_lease", released.append)
+    trainer = trainer_shell("frozen")
+    trainer.config = OmegaConf.create({"ray_kwargs": {"ray_init": {"namespace": "rpg-1a2b3c4d"}}})
+    monkeypatch.setattr(ref.PPOTrainerSync, "_setup", lambda self: released.append("workers"))
+    trainer._setup()
+    monkeypatch.setattr(ref.PPOTrainerSync, "_setup", lambda self: 1 / 0)
+    with pytest.raises(ZeroDivisionError):
+        trainer._setup()
+    assert released == ["workers", "rpg-1a2b3c4d", "rpg-1a2b3c4d"]
+
+
 def test_a_job_without_rpgs_file_logger_path_keeps_verls_loggers(tmp_path, monkeypatch):
     from omegaconf import OmegaConf
 

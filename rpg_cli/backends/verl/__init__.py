@@ -2,7 +2,7 @@
 
 launch    spec -> the job's command (start, then `verl.trainer.main_ppo` overrides), resources and env (pure python)
 start     the job's entrypoint: waits for the run's GPUs holding one CPU, then execs verl's main_ppo
-admission the rule of that wait, also verl's own check of free GPUs inside rpg's trainer
+admission the rule of that wait and the GPU leases; also verl's own check of free GPUs inside rpg's trainer
 isolation each run's TransferQueue in its own Ray namespace (via plugin)
 plugin    the RPG losses registered in verl, and ref_log_prob handed to them (imported by verl)
 reference rpg's verl trainer and worker: the reference reset, its schedule and checkpoints (via plugin)

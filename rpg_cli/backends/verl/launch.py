@@ -56,7 +56,12 @@ def entrypoint(spec: ExperimentSpec, run_dir: Path) -> list[str]:
     """The job's command line: rpg's start (start.py), which waits for the run's GPUs and then becomes verl's
     PPO entry point, with one Hydra override per argument after `--`."""
     gpus = spec.resources.nodes * spec.resources.gpus_per_node
-    return [*ENTRYPOINT, "--gpus", str(gpus), "--", *overrides(spec, run_dir)]
+    return [*ENTRYPOINT, "--gpus", str(gpus), "--run", namespace(spec), "--", *overrides(spec, run_dir)]
+
+
+def namespace(spec: ExperimentSpec) -> str:
+    """The run's own Ray namespace (verl's ray_init: what TransferQueue names, isolation.py) and GPU lease name."""
+    return f"rpg-{spec.run_id}"
 
 
 def overrides_of(argv: list[str]) -> list[str]:
@@ -267,7 +272,7 @@ def overrides(spec: ExperimentSpec, run_dir: Path) -> list[str]:
         "trainer.project_name": spec.trackers.project if spec.trackers else "rpg",
         "trainer.experiment_name": spec.run_name,
         # a namespace of the run's own on a shared Ray cluster: what verl's TransferQueue names (isolation.py)
-        "+ray_kwargs.ray_init.namespace": f"rpg-{spec.run_id}",
+        "+ray_kwargs.ray_init.namespace": namespace(spec),
     }
     if spec.optimizer == "schedule_free":
         values[f"{actor}.optim.optimizer"] = "AdamWScheduleFree"

@@ -47,7 +47,7 @@ from pathlib import Path
 import ray
 import torch
 import transfer_queue as tq
-from omegaconf import open_dict
+from omegaconf import OmegaConf, open_dict
 from torch.distributed.tensor import DTensor
 from verl.single_controller.base.decorator import Dispatch, register
 from verl.trainer.ppo.v1.trainer_base import register_trainer
@@ -56,7 +56,7 @@ from verl.utils.debug import marked_timer
 from verl.workers.engine_workers import ActorRolloutRefWorker
 
 from rpg_cli.algorithms.kl import reference_kl
-from rpg_cli.backends.verl.admission import admit
+from rpg_cli.backends.verl.admission import LEDGER, LEDGER_NAMESPACE, admit
 from rpg_cli.backends.verl.launch import RPG_TRAINER, reference_from_config
 from rpg_cli.rundir import MetricsLog
 from rpg_cli.spec import Every
@@ -179,7 +179,10 @@ class RPGTrainer(PPOTrainerSync):
         )
 
     def _setup(self):
-        super()._setup()
+        try:
+            super()._setup()  # the workers, in the placement groups that reserve the run's GPUs
+        finally:  # the lease start.py took on them can go (admission.py)
+            release_lease(OmegaConf.select(self.config, "ray_kwargs.ray_init.namespace"))
         resets = isinstance(self.reference.reference, Every)
         if resets and not self.use_reference_policy:
             raise ValueError(
@@ -286,6 +289,16 @@ class RPGTrainer(PPOTrainerSync):
         else:
             folder = os.path.join(trainer.default_local_dir, f"global_step_{self.global_steps}")
         return folder if os.path.isabs(folder) else os.path.join(os.getcwd(), folder)
+
+
+def release_lease(run: str | None) -> None:
+    """End the GPU lease `run` took before verl started (admission.py); nothing if there is none."""
+    if run:
+        try:
+            ledger = ray.get_actor(LEDGER, namespace=LEDGER_NAMESPACE)
+        except ValueError:  # no run went through start.py on this cluster
+            return
+        ray.get(ledger.release.remote(run))
 
 
 class _FileLog:
