@@ -109,11 +109,11 @@ def test_gpus_a_run_was_let_through_for_are_leased_to_it_until_it_reserves_them(
 LEDGER_ON_RAY = """
 import json, sys, tempfile
 import ray
-from rpg_cli.backends.verl.admission import LEDGER, LEDGER_NAMESPACE, ledger
+from rpg_cli.backends.verl.admission import ledger, release_lease
 ray.init(num_cpus=1, num_gpus=2, include_dashboard=False, _temp_dir=tempfile.mkdtemp(prefix="rpgl"), _node_ip_address="127.0.0.1")
 first, again = ledger(), ledger()  # one actor for the cluster, whoever asks
 out = [ray.get(first.claim.remote("a", 2)), ray.get(again.claim.remote("b", 1))]
-ray.get(ray.get_actor(LEDGER, namespace=LEDGER_NAMESPACE).release.remote("a"))  # as a's trainer does
+release_lease("a")  # as a's trainer does
 out.append(ray.get(again.claim.remote("b", 1)))
 print(json.dumps(out))
 ray.shutdown()

@@ -91,3 +91,16 @@ def ledger():
             self.leases.release(run)
 
     return Ledger.options(name=LEDGER, namespace=LEDGER_NAMESPACE, lifetime="detached", get_if_exists=True).remote()
+
+
+def release_lease(run: str | None) -> None:
+    """End the GPU lease `run` took before verl started (its trainer, once its workers hold the GPUs); nothing
+    if there is none."""
+    if run:
+        import ray
+
+        try:
+            keeper = ray.get_actor(LEDGER, namespace=LEDGER_NAMESPACE)
+        except ValueError:  # no run went through start.py on this cluster
+            return
+        ray.get(keeper.release.remote(run))

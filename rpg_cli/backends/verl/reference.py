@@ -56,7 +56,7 @@ from verl.utils.debug import marked_timer
 from verl.workers.engine_workers import ActorRolloutRefWorker
 
 from rpg_cli.algorithms.kl import reference_kl
-from rpg_cli.backends.verl.admission import LEDGER, LEDGER_NAMESPACE, admit
+from rpg_cli.backends.verl.admission import admit, release_lease
 from rpg_cli.backends.verl.launch import RPG_TRAINER, reference_from_config
 from rpg_cli.rundir import MetricsLog
 from rpg_cli.spec import Every
@@ -289,16 +289,6 @@ class RPGTrainer(PPOTrainerSync):
         else:
             folder = os.path.join(trainer.default_local_dir, f"global_step_{self.global_steps}")
         return folder if os.path.isabs(folder) else os.path.join(os.getcwd(), folder)
-
-
-def release_lease(run: str | None) -> None:
-    """End the GPU lease `run` took before verl started (admission.py); nothing if there is none."""
-    if run:
-        try:
-            ledger = ray.get_actor(LEDGER, namespace=LEDGER_NAMESPACE)
-        except ValueError:  # no run went through start.py on this cluster
-            return
-        ray.get(ledger.release.remote(run))
 
 
 class _FileLog:
