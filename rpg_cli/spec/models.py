@@ -230,6 +230,18 @@ def override_key(override: str) -> str:
     return override.split("=", 1)[0].lstrip("+~")
 
 
+class Checkpoints(_Frozen):
+    """What a run's checkpoints keep on disk. Resuming needs the newest full checkpoint only; `rpg eval` (and
+    Best over steps) reads the Hugging Face weights at the steps it evaluates. Not in the run id: it changes
+    no number a run computes."""
+
+    # full checkpoints kept, the newest (sharded model, optimizer, reference; what a resume reads); null: all
+    keep: int | None = Field(1, ge=1)
+    # HF weights: "all" keeps them at every checkpoint (older ones thinned to their weights), "kept" only in
+    # the full checkpoints kept
+    weights: Literal["all", "kept"] = "all"
+
+
 class Resources(_Frozen):
     nodes: int = Field(1, ge=1)
     gpus_per_node: int = Field(ge=0)
@@ -308,7 +320,7 @@ Reference = Annotated[Every | Literal["iterative", "frozen"], BeforeValidator(_r
 
 # Where metrics are reported and how a run executes, not what it computes: spec.json records these fields
 # (dotted: a field of a block), the run id ignores them.
-NOT_IN_RUN_ID = ("trackers", "verl.site", "verl.env")
+NOT_IN_RUN_ID = ("trackers", "verl.site", "verl.env", "checkpoints")
 # Added after run ids were published: left out of the canonical spec while empty, so older ids stand.
 OMITTED_WHEN_EMPTY = ("chat_template_kwargs", "scorers", "verl")
 
@@ -378,6 +390,7 @@ class ExperimentSpec(_Frozen):
     dynamic_sampling: DynamicSamplingSetting = None  # on by default for dapo
     overlong: OverlongSetting = None  # on by default for dapo
     save_every: int = Field(ge=1)
+    checkpoints: Checkpoints = Field(default_factory=Checkpoints)  # what they keep on disk (not in the run id)
     backend: Literal["verl", "local"]
     resources: Resources
     trackers: TrackersSetting = None
