@@ -8,7 +8,8 @@
                       (the steps after N logged so far are void); store/ingest.py reads it
       job.log         the job's output, saved when it ends or is cancelled
       checkpoints/    step_N/ (local backend: an HF model directory, plus its trainer state) or
-                      global_step_N/actor/huggingface/ (verl, when it saves hf_model)
+                      global_step_N/actor/huggingface/ (verl, when it saves hf_model); the spec's
+                      `checkpoints` setting thins or removes all but the newest (prune_checkpoints)
       eval/step_N/<benchmark>.jsonl   `rpg eval`'s generated responses, its resume cache
       eval/step_N/<benchmark>.scored.jsonl   its scored samples, one line per problem: what an
                       evaluation records, ingested by the `rpg` that holds the store (store/ingest.py)
@@ -32,6 +33,7 @@ import errno
 import os
 import re
 import secrets
+import shutil
 import stat
 from pathlib import Path
 
@@ -54,6 +56,7 @@ DIR_MODE = 0o755
 _OTHERS_WRITE = stat.S_IWGRP | stat.S_IWOTH
 
 _STEP_DIR = re.compile(r"^(?:global_)?step_(\d+)$")
+LOCAL_STATE_FILE = "trainer_state.pt"  # the local backend's resume state beside the HF model in step_N/
 _WEIGHT_FILES = ("*.safetensors", "pytorch_model*.bin", "model.safetensors.index.json")
 
 
@@ -308,6 +311,45 @@ def find_checkpoints(run_dir: Path) -> dict[int, Path | None]:
     for step, entry in step_dirs(run_dir):
         found[step] = found.get(step) or model_dir(entry)
     return found
+
+
+def prune_checkpoints(run_dir: Path, keep: int | None, weights: str) -> list[int]:
+    """Apply a run's `checkpoints` setting after a checkpoint is saved (and marked the latest): the newest
+    `keep` stay whole (a resume reads the newest); each older one is thinned to its HF weights, what `rpg
+    eval` reads (weights "all"), or removed (weights "kept", or one without HF weights). Returns the steps
+    touched. A checkpoint that cannot be removed is left as it is: disk is not worth a failed run."""
+    if keep is None:
+        return []
+    touched = []
+    for step, entry in step_dirs(run_dir)[:-keep]:
+        if entry.is_symlink():
+            continue  # never followed (module doc)
+        weights_dir = model_dir(entry)
+        if weights == "all" and weights_dir is not None:
+            if not _thin(entry, weights_dir):
+                continue
+        else:
+            shutil.rmtree(entry, ignore_errors=True)
+        touched.append(step)
+    return touched
+
+
+def _thin(step_dir: Path, weights_dir: Path) -> bool:
+    """Remove from a checkpoint everything but its HF model directory; False when nothing was left to remove.
+    The local backend's model is the step directory itself, less its trainer state."""
+    removable = [step_dir / LOCAL_STATE_FILE] if weights_dir == step_dir else []
+    for parent in [weights_dir, *weights_dir.parents]:
+        if parent == step_dir:
+            break
+        removable += [sibling for sibling in parent.parent.iterdir() if sibling != parent]
+    removable = [p for p in removable if p.exists() or p.is_symlink()]
+    for path in removable:
+        if path.is_dir() and not path.is_symlink():
+            shutil.rmtree(path, ignore_errors=True)
+        else:
+            with contextlib.suppress(OSError):
+                path.unlink()
+    return bool(removable)
 
 
 def checkpoint_dir(run_dir: Path, step: int) -> Path:

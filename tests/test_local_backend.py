@@ -14,6 +14,7 @@ from conftest import make_spec
 torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
+from rpg_cli import rundir  # noqa: E402
 from rpg_cli.backends.local.trainer import main as run_trainer  # noqa: E402
 from rpg_cli.datasets.toy import ToyPaths  # noqa: E402
 
@@ -222,7 +223,16 @@ def test_resubmitted_run_resumes_from_its_checkpoint_without_repeating_steps(toy
     assert [line["step"] for line in resumed] == [0, 1, 2, 3, 4, 5]
     for got, want in zip(resumed, reference):
         assert comparable(got["data"]) == pytest.approx(comparable(want["data"]), rel=1e-6, abs=1e-9)
-    assert sorted(p.name for p in (tmp_path / "broken" / "checkpoints").iterdir()) == ["step_2", "step_4", "step_5"]
+    checkpoints = tmp_path / "broken" / "checkpoints"
+    assert sorted(p.name for p in checkpoints.iterdir()) == ["step_2", "step_4", "step_5"]
+    # the spec's default `checkpoints` (keep 1, weights all): only the newest keeps its trainer state, every
+    # one keeps the HF weights `rpg eval` reads
+    assert [(checkpoints / n / rundir.LOCAL_STATE_FILE).exists() for n in ("step_2", "step_4", "step_5")] == [
+        False,
+        False,
+        True,
+    ]
+    assert all(rundir.find_checkpoints(tmp_path / "broken").values())
 
 
 def test_metrics_jsonl_carries_every_verl_metric_and_checkpoints_load(toy, tmp_path, capsys):

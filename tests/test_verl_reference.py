@@ -351,3 +351,56 @@ def test_batch_reference_kl_reads_verls_jagged_batch_and_skips_padding_rows():
     )
     log_rho = torch.tensor([-0.5, 1.0, 0.0])
     assert ref.batch_reference_kl(data) == pytest.approx(float((log_rho.exp() - 1 - log_rho).mean()), rel=1e-6)
+
+
+def _verl_checkpoint(root, step: int) -> None:
+    """global_step_N as verl 0.9.1 and rpg's trainer lay it out (model shards, optimizer, HF weights, reference)."""
+    folder = root / f"global_step_{step}"
+    hf = folder / "actor" / "huggingface"
+    hf.mkdir(parents=True)
+    (hf / "config.json").write_text("{}")
+    (hf / "model.safetensors").write_bytes(b"weights")
+    for name in ("model_world_size_1_rank_0.pt", "optim_world_size_1_rank_0.pt", "extra_state_world_size_1_rank_0.pt"):
+        (folder / "actor" / name).write_bytes(b"shard")
+    (folder / "reference").mkdir()
+    (folder / "reference" / "model_world_size_1_rank_0.pt").write_bytes(b"ref")
+    (folder / "data.pt").write_bytes(b"loader")
+    (folder / "rpg_reference.json").write_text("{}")
+
+
+@pytest.mark.parametrize(
+    ("keep", "weights", "full", "thinned"),
+    [(1, "all", [4], [1, 2, 3]), (2, "kept", [3, 4], []), (None, "all", [1, 2, 3, 4], [])],
+)
+def test_a_save_thins_or_removes_older_checkpoints_as_the_spec_says(
+    tmp_path, monkeypatch, keep, weights, full, thinned
+):
+    """After verl's save of step 4 (and its latest marker), the spec's `checkpoints` applies: the newest `keep`
+    stay whole, the older keep only actor/huggingface (weights: all) or go (weights: kept); keep null keeps all."""
+    from omegaconf import OmegaConf
+    from verl.trainer.ppo.v1.trainer_base import PPOTrainer
+
+    from rpg_cli import rundir
+
+    run_dir = tmp_path / "run"
+    root = rundir.checkpoints_dir(run_dir)
+    monkeypatch.setattr(PPOTrainer, "_save_checkpoint", lambda self: _verl_checkpoint(root, self.global_steps))
+    for step in (1, 2, 3):
+        _verl_checkpoint(root, step)
+    trainer = trainer_shell("frozen")
+    settings = {"keep": keep, "weights": weights}
+    trainer.config = OmegaConf.create(
+        {"trainer": {"default_local_dir": str(root), "resume_mode": "auto", "v1": {"rpg": settings}}}
+    )
+    trainer.global_steps = 4
+    trainer._save_checkpoint_now()
+    whole = sorted(int(p.name.split("_")[-1]) for p in root.iterdir() if (p / "data.pt").exists())
+    weights_only = sorted(
+        int(p.name.split("_")[-1]) for p in root.iterdir() if [c.name for c in p.iterdir()] == ["actor"]
+    )
+    assert (whole, weights_only) == (full, thinned)
+    for step in thinned:  # what `rpg eval` reads is still there, and nothing else
+        actor = root / f"global_step_{step}" / "actor"
+        assert [c.name for c in actor.iterdir()] == ["huggingface"]
+    assert sorted(rundir.find_checkpoints(run_dir)) == sorted(full + thinned)
+    assert all(rundir.find_checkpoints(run_dir).values())

@@ -20,7 +20,7 @@ import torch
 
 from rpg_cli import rundir
 
-STATE_FILE = "trainer_state.pt"
+STATE_FILE = rundir.LOCAL_STATE_FILE
 
 
 def latest_checkpoint(run_dir: Path) -> tuple[int, Path] | None:

@@ -410,6 +410,7 @@ class Trainer:
             "run_id": self.spec.run_id,
         }
         ckpt.save_checkpoint(self.run_dir, step, self.model, self.tokenizer, state)
+        rundir.prune_checkpoints(self.run_dir, self.spec.checkpoints.keep, self.spec.checkpoints.weights)
 
     # ------------------------------------------------------------------ helpers
 

@@ -279,6 +279,7 @@ def overrides(spec: ExperimentSpec, run_dir: Path) -> list[str]:
         values[f"{actor}.optim.optimizer_impl"] = OPTIMIZER_MODULE
     values.update(_tricks(spec))
     values.update(reference_overrides(spec))
+    values.update(checkpoint_overrides(spec))
     # env(spec) is the job's runtime_env only: Ray hands a job's runtime_env to every task and actor of the
     # job, and refuses a ray.init whose runtime_env repeats one of its keys (even with the same value)
     return _with_spec_overrides([f"{key}={_hydra_value(value)}" for key, value in values.items()], spec)
@@ -310,6 +311,18 @@ def reference_overrides(spec: ExperimentSpec) -> dict[str, Any]:
         f"+{REFERENCE_SETTINGS}.every": schedule.every if schedule else None,
         f"+{REFERENCE_SETTINGS}.kl_target": schedule.kl_target if schedule else None,
         f"+{REFERENCE_SETTINGS}.kl_ema": schedule.ema if schedule else None,
+    }
+
+
+def checkpoint_overrides(spec: ExperimentSpec) -> dict[str, Any]:
+    """What checkpoints keep on disk (the spec's `checkpoints`), applied by rpg's trainer after each save
+    (`rundir.prune_checkpoints`). verl's own retention (`max_actor_ckpt_to_keep`) stays off: it deletes a
+    checkpoint's `actor/` whole, the HF weights `rpg eval` reads with it, leaves the rest of `global_step_N/`
+    (rpg's reference shards among it), and forgets on a resume what it saved before."""
+    return {
+        "trainer.max_actor_ckpt_to_keep": None,
+        f"+{REFERENCE_SETTINGS}.keep": spec.checkpoints.keep,
+        f"+{REFERENCE_SETTINGS}.weights": spec.checkpoints.weights,
     }
 
 

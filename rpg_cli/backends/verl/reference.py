@@ -55,6 +55,7 @@ from verl.trainer.ppo.v1.trainer_sync import PPOTrainerSync
 from verl.utils.debug import marked_timer
 from verl.workers.engine_workers import ActorRolloutRefWorker
 
+from rpg_cli import rundir
 from rpg_cli.algorithms.kl import reference_kl
 from rpg_cli.backends.verl.admission import admit, release_lease
 from rpg_cli.backends.verl.launch import RPG_TRAINER, reference_from_config
@@ -262,6 +263,10 @@ class RPGTrainer(PPOTrainerSync):
         with open(os.path.join(folder, REFERENCE_STATE), "w", encoding="utf-8") as handle:
             json.dump(self.reference.state_dict(), handle)
         super()._save_checkpoint()
+        # after verl has marked this one the latest: the older ones are thinned or removed (spec `checkpoints`)
+        settings = f"trainer.v1.{RPG_TRAINER}"
+        keep, weights = (OmegaConf.select(self.config, f"{settings}.{key}") for key in ("keep", "weights"))
+        rundir.prune_checkpoints(Path(self.config.trainer.default_local_dir).parent, keep, weights or "all")
 
     def _load_checkpoint(self):
         super()._load_checkpoint()
