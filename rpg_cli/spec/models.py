@@ -242,10 +242,16 @@ class Checkpoints(_Frozen):
     weights: Literal["all", "kept"] = "all"
 
 
+DEFAULT_GPU_MEMORY_GIB = 80.0  # the paper grids' GPUs (H100, A100-80GB): what the dry run's memory check assumes
+
+
 class Resources(_Frozen):
     nodes: int = Field(1, ge=1)
     gpus_per_node: int = Field(ge=0)
     cpus: float = Field(gt=0)
+    # each GPU's memory in GiB (an 80 GB H100 reports 79.6): the dry run checks a run's estimated per-GPU peak
+    # against it; a fact of the cluster, not of the run (not in the run id)
+    gpu_memory_gib: float = Field(DEFAULT_GPU_MEMORY_GIB, gt=0, le=4096)
 
 
 # One optional field per registered tracker (rpg_cli.trackers.TRACKERS), its settings model: a new
@@ -320,7 +326,7 @@ Reference = Annotated[Every | Literal["iterative", "frozen"], BeforeValidator(_r
 
 # Where metrics are reported and how a run executes, not what it computes: spec.json records these fields
 # (dotted: a field of a block), the run id ignores them.
-NOT_IN_RUN_ID = ("trackers", "verl.site", "verl.env", "checkpoints")
+NOT_IN_RUN_ID = ("trackers", "verl.site", "verl.env", "checkpoints", "resources.gpu_memory_gib")
 # Added after run ids were published: left out of the canonical spec while empty, so older ids stand.
 OMITTED_WHEN_EMPTY = ("chat_template_kwargs", "scorers", "verl")
 
