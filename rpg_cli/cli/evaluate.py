@@ -60,6 +60,14 @@ def evaluate(
         metavar="auto|vllm|hf",
         help="auto: vLLM when installed and a GPU is present, else transformers.",
     ),
+    tp: int = typer.Option(
+        None,
+        "--tp",
+        min=1,
+        metavar="N",
+        help="vLLM's tensor parallel size (default: the most of the visible GPUs vLLM can split the model over, "
+        "e.g. 4 of 8 for 28 attention heads); a Ray job reserves N GPUs unless --gpus says otherwise.",
+    ),
     temperature: float = typer.Option(
         None, "--temperature", min=0.0, metavar="T", help="Default: the run's val.temperature."
     ),
@@ -100,6 +108,9 @@ def evaluate(
 
       # any HF model on AMC23 and a file of your own, in this process
       rpg eval Qwen2.5-Math-7B/ -b amc23,data/mine.parquet --local
+
+      # a 7B model over 4 GPUs with vLLM (28 attention heads: 1, 2 or 4, not 8)
+      rpg eval Qwen2.5-7B-Instruct/ --tp 4
     """
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
@@ -137,6 +148,7 @@ def evaluate(
             db=db,
             runs_dir=runs_dir,
             engine=engine,
+            tp=tp,
             temperature=temperature,
             top_p=top_p,
             max_tokens=max_tokens,

@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from rpg_cli import rundir
+from rpg_cli.evaluation.generation import check_tp, visible_gpus
 from rpg_cli.evaluation.options import EvalOptions
 from rpg_cli.evaluation.pipeline import (
     EvalResult,
@@ -65,10 +66,14 @@ def evaluate(
     on_progress: Callable[[int, str], None] | None = None,
 ) -> list[EvalResult]:
     """Plan `options`, evaluate (here with `local`, else as a Ray job reserving `gpus`, default: see
-    `default_gpus`) and return what the store holds. `on_plan(plan)` once it is planned,
+    `default_gpus`, or --tp's N) and return what the store holds. `on_plan(plan)` once it is planned,
     `on_progress(samples scored, what)` as it goes. Raises EvalError, StoreError or ClusterError
     (one line) on bad input, JobFailed when the job ended without succeeding."""
     plan = plan_eval(options)
+    num_gpus = gpus if gpus is not None else max(default_gpus(plan), float(options.tp or 0))  # --tp N: N GPUs
+    if options.tp is not None:  # refused before anything is written, loaded or submitted
+        where = "visible" if local else "reserved for the job" + (f" (--gpus {gpus:g})" if gpus is not None else "")
+        check_tp(plan.targets, options.tp, visible_gpus() if local else int(num_gpus), where)
     store = open_store(options.db)
     progress = on_progress or (lambda done, label: None)
     try:
@@ -84,7 +89,7 @@ def evaluate(
             options,
             address,
             Path(options.runs_dir),
-            num_gpus=default_gpus(plan) if gpus is None else gpus,
+            num_gpus=num_gpus,
             targets=plan.targets,
         )
         label = f"Ray job {job.submission_id}" + (" (attached)" if job.attached else "")

@@ -33,6 +33,8 @@ class EvalOptions(BaseModel):
     db: str = DEFAULT_DB_URL
     runs_dir: str = "runs"
     engine: str = "auto"  # auto: vLLM when installed and a GPU is present, else transformers
+    # vLLM's tensor parallel size; None: the largest the model's heads and the visible GPUs allow
+    tp: int | None = None
     temperature: float | None = None  # default: the run's val.temperature
     top_p: float | None = None  # default: the run's val.top_p
     max_tokens: int | None = None  # default: the run's response length (its context)
@@ -47,6 +49,10 @@ class EvalOptions(BaseModel):
             raise EvalError(f"unknown scorer {self.scorer!r}; choose one of: {', '.join(SCORERS)}")
         if self.engine not in ENGINES:
             raise EvalError(f"unknown engine {self.engine!r}; choose one of: {', '.join(ENGINES)}")
+        if self.tp is not None and self.tp < 1:
+            raise EvalError(f"--tp must be at least 1, got {self.tp}")
+        if self.tp is not None and self.engine == "hf":
+            raise EvalError(f"--tp {self.tp} sets vLLM's tensor parallelism; drop it, or use --engine vllm or auto")
         if self.k is not None and self.k < 1:
             raise EvalError(f"--k must be at least 1, got {self.k}")
         if self.max_tokens is not None and self.max_tokens < 1:

@@ -83,7 +83,7 @@ def run_eval(
     `make_generator(model_dir, engine)` loads a model (default: `generation.load_generator`); it is
     called only for checkpoints that still have problems to generate.
     """
-    make_generator = make_generator or load_generator
+    make_generator = make_generator or (lambda model_dir, engine: load_generator(model_dir, engine, tp=plan.options.tp))
     engine = pick_engine(plan.options.engine)
     counts = {"done": 0, "generated": 0}
     feed = ScoredFeed()

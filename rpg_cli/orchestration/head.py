@@ -8,8 +8,13 @@ A machine's loopback is shared by its users, so nothing another user could write
 runs/ray is the owner's only (0700), Ray's own files go in a directory below it (Ray makes that one
 world-writable; under a 0700 parent nobody else can reach it), and head.json and the token are read
 only when they belong to the current user and nobody else can write them (the token: nor read it).
-The token is only ever sent to a loopback dashboard. When runs/ray is too long a path for Ray's Unix
+That token is only ever sent to a loopback dashboard. When runs/ray is too long a path for Ray's Unix
 sockets, Ray's files go below a 0700 directory of the user's own under /tmp instead.
+
+A cluster at --address gets the token Ray's own clients would send (`remote_token`: RAY_AUTH_TOKEN, the
+file RAY_AUTH_TOKEN_PATH names, or with RAY_AUTH_MODE=token ~/.ray/auth_token), in a header only: never
+printed, logged, stored or put in a job's environment. A head that answers the Jobs API without any
+token gets one warning line on stderr (`warn_if_unauthenticated`).
 """
 
 from __future__ import annotations
@@ -373,26 +378,153 @@ def _without_env(*names: str) -> Iterator[None]:
 def connect(
     address: str | None = None, runs_dir: Path = DEFAULT_RUNS_DIR, start: bool = True, local: bool = False
 ) -> JobSubmissionClient | None:
-    """A Jobs API client: for `address` (or $RAY_ADDRESS) if given and not `local`, else for the local
-    head of `runs_dir` (started if needed and `start`; None when there is none and not `start`)."""
+    """A Jobs API client: for `address` (or $RAY_ADDRESS) if given and not `local`, with the user's Ray
+    token if there is one (`remote_token`), else for the local head of `runs_dir` (started if needed and
+    `start`; None when there is none and not `start`)."""
     address = None if local else address or os.environ.get("RAY_ADDRESS")
-    headers = None
     if not address:
         head = local_head(runs_dir, start=start)
         if head is None:
             return None
-        address, headers = head.dashboard_url, head.auth_headers
+        return _client(head.dashboard_url, head.auth_headers)
+    token = remote_token()
+    client = _client(address, {"Authorization": f"Bearer {token.value}"} if token else None, remote=True, token=token)
+    warn_if_unauthenticated(client.get_address())
+    return client
+
+
+def _client(
+    address: str, headers: dict[str, str] | None, remote: bool = False, token: Token | None = None
+) -> JobSubmissionClient:
+    from ray.exceptions import AuthenticationError
     from ray.job_submission import JobSubmissionClient
 
     # Ray lets $RAY_ADDRESS override an explicit address; here the explicit one wins.
     with _without_env("RAY_ADDRESS", "RAY_API_SERVER_ADDRESS"):
         try:
             return JobSubmissionClient(address, headers=headers)
+        except AuthenticationError as exc:
+            if not remote:
+                raise ClusterError(
+                    f"the local Ray head at {address} refused its own token; stop it (rpg stop --force) and run again"
+                ) from None
+            # Ray's wording: 401 "Authentication required" (no token), 403 "Authentication failed" (wrong one)
+            raise ClusterError(_auth_failure(address, token, refused="Authentication failed" in str(exc))) from None
         except Exception as exc:  # ConnectionError, ValueError, version mismatch: all mean "not usable"
             raise ClusterError(
                 f"cannot reach the Ray cluster at {address} ({one_line(exc)}); check --address, or omit it "
                 "to let rpg start a local head (or start one yourself: ray start --head)"
             ) from None
+
+
+# ------------------------------------------------------------------------------ a cluster's token
+
+AUTH_MODE_ENV, TOKEN_ENV, TOKEN_PATH_ENV = "RAY_AUTH_MODE", "RAY_AUTH_TOKEN", "RAY_AUTH_TOKEN_PATH"
+_SETUP = "README, 4. Start Ray"
+
+
+@dataclass(frozen=True, repr=False)
+class Token:
+    value: str
+    source: str  # where it came from, for messages: never the value
+
+    def __repr__(self) -> str:  # a traceback or a debugger shows the source, never the secret
+        return f"Token(source={self.source!r})"
+
+
+def default_token_path() -> Path:
+    """Ray's default token file (ray/_private/authentication/authentication_token_setup.py)."""
+    return Path.home() / ".ray" / "auth_token"
+
+
+def remote_token() -> Token | None:
+    """The token for a cluster at --address, found where Ray 2.60's clients look, in their order:
+    $RAY_AUTH_TOKEN, else the file $RAY_AUTH_TOKEN_PATH names, else, with RAY_AUTH_MODE=token, Ray's
+    default file ~/.ray/auth_token (Ray sends that file only to clusters it finds itself, or with
+    the mode set). None when there is none, or RAY_AUTH_MODE=disabled. Unlike Ray's own client, the
+    token is sent with the mode unset too: setting a token says to use it. ClusterError (one line)
+    when RAY_AUTH_TOKEN_PATH names a file that is missing, unreadable or empty (Ray calls that fatal
+    too), or when RAY_AUTH_MODE=token finds no token at all."""
+    mode = os.environ.get(AUTH_MODE_ENV, "").strip().lower()
+    if mode == "disabled":
+        return None
+    if os.environ.get(TOKEN_ENV, "").strip():
+        return Token(os.environ[TOKEN_ENV].strip(), f"${TOKEN_ENV}")
+    named = os.environ.get(TOKEN_PATH_ENV, "")
+    if named:
+        return Token(_read_token(Path(named).expanduser()), f"{TOKEN_PATH_ENV}={named}")
+    if mode != "token":
+        return None
+    path = default_token_path()
+    if not path.is_file():
+        raise ClusterError(
+            f"{AUTH_MODE_ENV}=token but no Ray token is set: export {TOKEN_PATH_ENV}=FILE (a copy of the head's "
+            f"token, chmod 600) or {TOKEN_ENV}, or put it in {path} ({_SETUP})"
+        )
+    return Token(_read_token(path, variable=None), str(path))
+
+
+def _read_token(path: Path, variable: str | None = TOKEN_PATH_ENV) -> str:
+    """The token in `path`, whitespace stripped as Ray strips it; ClusterError naming `variable` when the
+    file cannot be read or holds nothing."""
+    names = f"{variable} names {path}, which" if variable else f"{path}"
+    fix = (
+        f"point it at a file holding the Ray head's token (chmod 600), or unset it ({_SETUP})"
+        if variable
+        else f"write the Ray head's token there (chmod 600), or set {TOKEN_PATH_ENV} ({_SETUP})"
+    )
+    try:
+        token = path.read_text(errors="replace").strip()
+    except FileNotFoundError:
+        raise ClusterError(f"{names} does not exist; {fix}") from None
+    except OSError as exc:
+        raise ClusterError(f"{names} cannot be read ({exc.strerror}); {fix}") from None
+    if not token:
+        raise ClusterError(f"{names} is empty; {fix}")
+    return token
+
+
+def _auth_failure(address: str, token: Token | None, refused: bool) -> str:
+    """One line for a head that wants a token (`refused`: it did not take the one sent)."""
+    if refused and token is not None:
+        return (
+            f"the Ray head at {address} refused the token from {token.source}: it is not that head's token; "
+            f"use a copy of the token the head was started with ({_SETUP})"
+        )
+    return (
+        f"the Ray head at {address} requires a token (Ray token authentication); export {AUTH_MODE_ENV}=token "
+        f"and {TOKEN_PATH_ENV}=FILE, a copy of the head's token (chmod 600), or {TOKEN_ENV} ({_SETUP})"
+    )
+
+
+_warned: set[str] = set()  # dashboards warned about in this process
+
+
+def warn_if_unauthenticated(url: str, timeout_s: float = 2.0) -> None:
+    """One warning line on stderr, once per process and head, when the dashboard at `url` answers its
+    Jobs API without credentials: anyone who reaches it can submit jobs, that is run code as the
+    user. One GET of /api/version without a token (a token-protected head answers 401: every path
+    but a few health checks and the login page needs the token); no answer, no warning."""
+    if url in _warned:
+        return
+    _warned.add(url)
+    if accepts_anonymous_jobs(url, timeout_s):
+        print(
+            f"warning: the Ray head at {url} accepts job submissions without authentication: anyone who "
+            f"reaches it can run code as you; start Ray with token auth ({_SETUP})",
+            file=sys.stderr,
+            flush=True,
+        )
+
+
+def accepts_anonymous_jobs(url: str, timeout_s: float = 2.0) -> bool:
+    """Whether the Ray dashboard at `url` answers a Jobs API request that carries no credentials."""
+    request = urllib.request.Request(f"{url.rstrip('/')}/api/version")  # no Authorization, no cookie
+    try:
+        with urllib.request.urlopen(request, timeout=timeout_s) as response:
+            return response.status == 200
+    except (OSError, ValueError):  # 401/403 (HTTPError), unreachable, timeout, not an http(s) URL
+        return False
 
 
 def one_line(exc: BaseException) -> str:
