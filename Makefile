@@ -3,6 +3,7 @@
 # make bench  install if needed, then run the benchmarks and print their ratios
 # make lint   install if needed, then ruff: the lint rules and the formatting (pyproject.toml [tool.ruff])
 # make e2e    install .venv-e2e if needed, then verl's whole loop with vLLM's CPU build (tests/e2e, ~10 min)
+# make gpu-check  on a GPU node: verl's worker path on one CUDA GPU and the local backend there (skips without one)
 # make install  (re)create .venv with the package and its dev/test extras
 
 PYTHON ?= python3
@@ -16,7 +17,7 @@ STAMP  := $(VENV)/.installed
 # the PostgreSQL driver (a few seconds) likewise, for the store's tests against a real server
 EXTRAS ?= dev,verl,trackers,postgres
 
-.PHONY: install test demo bench lint e2e clean
+.PHONY: install test demo bench lint e2e gpu-check clean
 
 install: $(STAMP)
 
@@ -49,6 +50,11 @@ demo: $(STAMP)
 
 bench: $(STAMP) $(VENV)/.bench-installed
 	@for f in benchmarks/bench_*.py; do echo "== $$f"; $(PY) $$f || exit 1; done
+
+# What only a GPU shows (benchmarks/gpu_check.py): verl's FSDP workers with rpg's plugin on CUDA, NCCL and bf16,
+# memory measured beside the estimator's figure; the local backend on CUDA. One line and exit 0 without a GPU.
+gpu-check: $(STAMP)
+	$(PY) benchmarks/gpu_check.py
 
 # TRL only for the local trainer's comparison benchmark
 $(VENV)/.bench-installed: $(STAMP)

@@ -1,6 +1,6 @@
 """verl 0.9.1's real worker path on a CPU: rpg's worker and loss inside verl's own engine, step by step.
 
-tests/verl_cpu_harness.py runs verl's `ActorRolloutRefWorker` (as rpg's subclass, role actor_rollout_ref: the
+tests/verl_worker_harness.py runs verl's `ActorRolloutRefWorker` (as rpg's subclass, role actor_rollout_ref: the
 actor and the reference engines of one GPU) on a tiny random model with the overrides rpg generates for a
 cell, with verl's FSDP1 engine (its default) and with FSDP2, each in a fresh process with CPU stand-ins that
 live in the harness only (its docstring lists them). The tests here read what it measured. Deselect with
@@ -20,7 +20,7 @@ pytest.importorskip("verl", reason="the verl extra is not installed")
 
 pytestmark = pytest.mark.verl_workers
 
-HARNESS = Path(__file__).with_name("verl_cpu_harness.py")
+HARNESS = Path(__file__).with_name("verl_worker_harness.py")
 
 
 STRATEGIES = ("fsdp", "fsdp2")  # verl's default FSDP1 engine, and FSDP2

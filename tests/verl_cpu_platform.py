@@ -1,6 +1,6 @@
 """verl's platform for a machine without a GPU: the device module is torch.cpu and collectives are gloo.
 
-Test-only. Used by tests/verl_cpu_harness.py (verl's workers in one process, no Ray) and by the end-to-end
+Test-only. Used by tests/verl_worker_harness.py (verl's workers in one process, no Ray) and by the end-to-end
 stand-ins in tests/e2e/stand_ins.py (verl's whole loop on Ray, where each worker asks Ray for a "GPU" that
 the test's Ray head declares: `ray_resource` says which resource a worker reserves).
 """

