@@ -51,6 +51,7 @@ def test_every_command_is_covered():
         "cancel",
         "stop",
         "export",
+        "doctor",
     }
 
 

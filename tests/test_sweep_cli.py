@@ -20,9 +20,9 @@ REPO = Path(__file__).resolve().parents[1]
 EXPERIMENTS = REPO / "experiments"
 
 
-def rpg(*args: str, cwd: Path) -> subprocess.CompletedProcess:
+def rpg(*args: str, cwd: Path, **env_vars: str) -> subprocess.CompletedProcess:
     """The real command line, in a fresh interpreter, from `cwd`."""
-    env = {**os.environ, "COLUMNS": "250"}
+    env = {**os.environ, "COLUMNS": "250", **env_vars}
     return subprocess.run(
         [sys.executable, "-m", "rpg_cli", *args], cwd=cwd, env=env, capture_output=True, text=True, timeout=120
     )
@@ -73,7 +73,9 @@ def test_dry_run_json_shape_for_the_qwen3_grid(workdir):
     assert snapshot(workdir) == before
     runs = json.loads(result.stdout)
     assert len(runs) == 20
-    assert all(set(r) == {"id", "name", "spec", "state", "entrypoint", "validation", "scorers"} for r in runs)
+    keys = {"id", "name", "spec", "state", "entrypoint", "validation", "scorers", "gpu_memory_gib", "disk_gb"}
+    assert all(set(r) == keys | {"disk_peak_gb"} for r in runs)
+    assert {r["disk_gb"] for r in runs} == {None}  # no config.json of the model here: not estimated
     assert all(isinstance(r["scorers"], str) and "dapo" in r["scorers"] for r in runs)  # the dry run's scorer line
     assert {r["validation"]["samples_per_problem"] for r in runs} == {32}  # no data here: problems not counted
     assert Counter(r["spec"]["context"] for r in runs) == {"2k": 6, "4k": 8, "8k": 6}
@@ -185,3 +187,70 @@ def test_dry_run_imports_no_heavy_package(workdir):
     )
     result = subprocess.run([sys.executable, "-c", code], cwd=workdir, capture_output=True, text=True, timeout=120)
     assert "HEAVY []" in result.stderr, result.stderr
+
+
+def hub_cache_with(root: Path, repo: str, config: dict) -> Path:
+    """A Hugging Face hub cache holding `repo`'s config.json only (as a download leaves it)."""
+    folder = root / f"models--{repo.replace('/', '--')}"
+    (folder / "snapshots" / "0").mkdir(parents=True)
+    (folder / "refs").mkdir()
+    (folder / "refs" / "main").write_text("0")
+    (folder / "snapshots" / "0" / "config.json").write_text(json.dumps(config))
+    return root
+
+
+def test_the_dry_run_sizes_each_run_and_refuses_one_that_cannot_fit(workdir, tmp_path):
+    """Disk and per-GPU memory per run from the model's config.json in the HF cache (figures: footprint.py, whose
+    own tests compute them by hand), the sweep's sum; GPUs too small for a run are refused with the knob."""
+    from test_footprint import QWEN3_4B
+
+    from rpg_cli.backends.verl import footprint, launch
+    from rpg_cli.model_shape import shape_from_config
+    from rpg_cli.spec import load_sweep
+
+    cache = hub_cache_with(tmp_path / "hub", "Qwen/Qwen3-4B", QWEN3_4B)
+    result = rpg(
+        "sweep",
+        "experiments/paper-qwen3-4b.yaml",
+        "--dry-run",
+        "--format",
+        "json",
+        cwd=workdir,
+        HF_HUB_CACHE=str(cache),
+    )
+    assert result.returncode == 0, result.stderr
+    runs = {r["id"]: r for r in json.loads(result.stdout)}
+    shape = shape_from_config(QWEN3_4B)
+    for spec in load_sweep(workdir / "experiments" / "paper-qwen3-4b.yaml").expand():
+        memory = footprint.gpu_memory(spec, shape, launch.overrides(spec, Path("run")), 80.0)
+        assert runs[spec.run_id]["gpu_memory_gib"] == round(memory.peak_gib, 1)
+        assert runs[spec.run_id]["disk_gb"] == round(footprint.disk(spec, shape).run_gb, 1) == 370.1
+
+    table = rpg("sweep", "experiments/paper-qwen3-4b.yaml", "--dry-run", cwd=workdir, HF_HUB_CACHE=str(cache))
+    assert "disk (20 runs to submit): 7,402 GB of checkpoints when they end" in table.stdout
+    assert "memory: at most ~46.9 GiB per GPU" in table.stdout
+
+    small = workdir / "experiments" / "small-gpus.yaml"
+    text = (workdir / "experiments" / "paper-qwen3-4b.yaml").read_text()
+    small.write_text(
+        text.replace(
+            "resources: {nodes: 1, gpus_per_node: 8, cpus: 8}",
+            "resources: {nodes: 1, gpus_per_node: 8, cpus: 8, gpu_memory_gib: 24}",
+        )
+    )
+    assert "gpu_memory_gib: 24" in small.read_text()
+    refused = rpg("sweep", str(small), "--dry-run", cwd=workdir, HF_HUB_CACHE=str(cache))
+    assert refused.returncode == 2
+    lines = [line for line in refused.stderr.splitlines() if "resources.gpu_memory_gib" in line]
+    # on 24 GiB GPUs the 2k runs fit, the 4k runs fit with chunked entropy, the 8k runs with no one setting
+    assert len(lines) == 2 and not [line for line in lines if "-2k-" in line]
+    four, eight = sorted(lines, key=lambda line: "-8k-" in line)
+    assert four.startswith("rpg sweep: error: 8 runs (") and "-4k-" in four
+    assert four.endswith(
+        "resources.gpu_memory_gib: ~25.4 of 24 GiB per GPU at its peak (log-prob): does not fit: "
+        "set actor_rollout_ref.actor.entropy_from_logits_with_chunking=true (verl.site)"
+    )
+    assert eight.endswith(
+        "~41.8 of 24 GiB per GPU at its peak (log-prob): does not fit: no one setting fits 4.02B parameters on "
+        "8 GPU(s) of 24 GiB; allowed: more GPUs (resources.nodes x gpus_per_node) or a smaller model"
+    )

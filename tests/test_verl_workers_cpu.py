@@ -114,3 +114,9 @@ def test_a_reset_makes_the_reference_the_actor_and_not_before(run):
 def test_the_reference_round_trips_a_checkpoint(run):
     assert run["ref_before_restore_minus_saved_actor"] > 0.01
     assert run["ref_restored_minus_saved_actor"] <= 1e-6
+
+
+def test_the_memory_estimate_reads_the_harness_setting(run):
+    """`make gpu-check` compares it with the measured peak on CUDA; here it must exist and be the size of the
+    tiny model's states plus its micro-batch (well under a GiB)."""
+    assert 0 < run["estimated_update_gib"] < 1

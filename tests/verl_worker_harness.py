@@ -202,6 +202,24 @@ def attention() -> str:
     return "flash_attention_2" if CUDA and importlib.util.find_spec("flash_attn") is not None else "sdpa"
 
 
+def estimated_update_gib(spec: ExperimentSpec, model_dir: Path, run_dir: Path, strategy: str) -> float:
+    """rpg's memory estimate (backends/verl/footprint.py) of what torch allocates in `update_actor` on one GPU: the
+    trainer's tensors at the larger of the update and the optimizer step, less the CUDA context and vLLM (not
+    torch's allocations, and no vLLM runs here)."""
+    from rpg_cli.backends.verl import footprint
+    from rpg_cli.model_shape import model_shape
+
+    generated = launch.overrides(spec, run_dir) + [f"actor_rollout_ref.actor.strategy={strategy}"]
+    settings = footprint.settings(spec, generated)
+    shape = model_shape(str(model_dir))
+    trainer = [
+        sum(v for k, v in phase.parts.items() if k != "trainer runtime" and not k.startswith("vLLM"))
+        for phase in footprint.phases(shape, settings, gpu_gib=80.0)
+        if phase.name in ("update", "optimizer step")
+    ]
+    return max(trainer)
+
+
 def composed_config(spec: ExperimentSpec, run_dir: Path, strategy: str):
     overrides = launch.overrides(spec, run_dir) + [f"actor_rollout_ref.actor.strategy={strategy}"]
     if attention() != "flash_attention_2":
@@ -373,6 +391,7 @@ def main(work: Path, out_path: Path, strategy: str) -> None:
     data, keys = random_batch(vocab, BATCH["groups"], BATCH["n"], 1, BATCH["prompt"], BATCH["response"])
     out["tokens"] = sum(len(x) for x in data["input_ids"].unbind())
     out["micro_batch_tokens"] = cfg.actor_rollout_ref.actor.ppo_max_token_len_per_gpu
+    out["estimated_update_gib"] = estimated_update_gib(spec, work / "model", work / "run", strategy)
 
     # packed sequences under sdpa: verl's log-probs are each sequence's own (a plain HF forward, one sequence)
     from transformers import AutoModelForCausalLM

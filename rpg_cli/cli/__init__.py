@@ -8,6 +8,7 @@ them, so that `rpg --help` and `rpg sweep --dry-run` answer at once.
     slurm     slurm (a sweep as one Slurm job)
     evaluate  eval                  report    report, compare
     runs      runs, logs, cancel, stop        export    export
+    doctor    doctor (this node, the shared paths, a sweep's inputs, the cluster)
 """
 
 # isort: skip_file
@@ -16,6 +17,6 @@ from __future__ import annotations
 from rpg_cli.cli.common import app
 
 # each module registers its commands on `app`: imported in the order `rpg --help` lists them
-from rpg_cli.cli import data, sweep, slurm, evaluate, report, runs, export  # noqa: F401
+from rpg_cli.cli import doctor, data, sweep, slurm, evaluate, report, runs, export  # noqa: F401
 
 __all__ = ["app"]

@@ -87,7 +87,9 @@ def sweep(
 
         from rpg_cli.benchmarks import describe_scorers
         from rpg_cli.inputs import validation_cost
+        from rpg_cli.orchestration.plan import footprints
 
+        figures = footprints(plans)
         rows = [
             {
                 "id": p.id,
@@ -97,6 +99,7 @@ def sweep(
                 "entrypoint": p.entrypoint,
                 "validation": (cost := validation_cost(p.spec)) and cost.as_dict(),
                 "scorers": describe_scorers(p.spec),
+                **figures[p.id],
             }
             for p in plans
         ]
@@ -140,12 +143,15 @@ def _print_checks(plans: list, states: dict[str, str], retry_failed: bool) -> bo
 def _print_sweep_plan(plans: list, states: dict[str, str], retry_failed: bool) -> None:
     from rich.table import Table
 
-    from rpg_cli.orchestration.plan import summarize, validation_costs
+    from rpg_cli.orchestration.plan import footprints, summarize, validation_costs
     from rpg_cli.spec import context_label
 
+    figures = footprints(plans)
+    sized = any(f.get("gpu_memory_gib") is not None for f in figures.values())
     table = Table(title=f"sweep {plans[0].sweep}" if plans else "sweep", show_lines=False)
-    for column in ("name", "id", "algorithm", "kl", "clip", "optimizer", "context", "seed", "state"):
-        table.add_column(column, no_wrap=column != "name")
+    columns = ("name", "id", "algorithm", "kl", "clip", "optimizer", "context", "seed", "state")
+    for column in (*columns, "GPU GiB", "disk GB") if sized else columns:
+        table.add_column(column, no_wrap=column != "name", justify="right" if column.endswith("B") else "left")
     for p in plans:
         clip = p.spec["clip"]
         clip_text = f"{clip['eps_low']:g}/{clip['eps_high']:g} c={clip['c']:g}" if clip else "off"
@@ -159,6 +165,7 @@ def _print_sweep_plan(plans: list, states: dict[str, str], retry_failed: bool) -
             context_label(p.spec["context"]),
             str(p.spec["seed"]),
             states[p.id],
+            *((_figure(figures[p.id], "gpu_memory_gib"), _figure(figures[p.id], "disk_gb")) if sized else ()),
         )
     console = make_console()
     console.print(table)
@@ -181,10 +188,38 @@ def _print_sweep_plan(plans: list, states: dict[str, str], retry_failed: bool) -
             f"{every} steps and at the last)",
             highlight=False,
         )
+    for line in _footprint_lines(plans, figures, states, retry_failed):
+        console.print(line, highlight=False)
     for block, runs in _verl_blocks(plans).items():
         console.print(f"verl ({runs} runs): {block}", highlight=False, soft_wrap=True)
     for line, runs in _scoring_lines(plans).items():
         console.print(f"{line} ({runs} runs)", highlight=False)
+
+
+def _figure(figures: dict, key: str) -> str:
+    value = figures.get(key)
+    return "?" if value is None else f"{value:,.0f}" if value >= 100 else f"{value:.1f}"
+
+
+def _footprint_lines(plans: list, figures: dict, states: dict[str, str], retry_failed: bool) -> list[str]:
+    """What the runs to submit need, summed (disk) and at most (a GPU's memory), before a GPU is paid for."""
+    from rpg_cli.states import SUBMIT, run_action
+
+    todo = [p for p in plans if run_action(states[p.id], retry_failed) == SUBMIT and figures[p.id]]
+    known = [p for p in todo if figures[p.id].get("disk_gb") is not None]
+    if not todo:
+        return []
+    if not known:
+        return [f"memory and disk ({len(todo)} runs): not estimated, no model config.json here (see the notes)"]
+    disk = sum(figures[p.id]["disk_gb"] for p in known)
+    peak = max(known, key=lambda p: figures[p.id]["gpu_memory_gib"])
+    unknown = f"; {len(todo) - len(known)} not estimated (no model config.json here)" if len(known) < len(todo) else ""
+    return [
+        f"disk ({len(known)} runs to submit): {disk:,.0f} GB of checkpoints when they end, at most "
+        f"{max(figures[p.id]['disk_peak_gb'] for p in known):,.0f} GB for one run while it saves (spec: checkpoints){unknown}",
+        f"memory: at most ~{figures[peak.id]['gpu_memory_gib']:.1f} GiB per GPU ({peak.name}), estimated for "
+        f"{peak.spec['resources']['gpu_memory_gib']:g} GiB GPUs (spec: resources.gpu_memory_gib)",
+    ]
 
 
 def _scoring_lines(plans: list) -> dict[str, int]:

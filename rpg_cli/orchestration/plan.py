@@ -10,7 +10,15 @@ through one module, `rpg_cli.backends.<name>.launch`:
     preflight(spec) -> [Finding]          optional: what can be checked of a run before a GPU is paid for
                                           (data, model, prompt lengths; rpg_cli/inputs.py); the dry run
                                           shows it, a real submission refuses a sweep with an error
+    footprint(spec) -> {name: number}   optional: the dry run's figures, gpu_memory_gib (a GPU's estimated
+                                          peak), disk_gb (what its checkpoints leave), disk_peak_gb; None: unknown
     check_install({run name: entrypoint}) optional: raise RuntimeError (one line) before any submission
+    check_node([(entrypoint, env)])       optional: this machine checked as a node of these runs (`rpg doctor`):
+                                          dicts of status (ok, missing, warn), name, ok, needed, detail, fix
+    check_cluster(client, [(entrypoint, env)])
+                                          optional: the cluster's nodes checked for the runs to submit, through
+                                          the Jobs API client, once per sweep; RuntimeError (one line) if one
+                                          lacks what a run needs
     failure_reason(log_tail) -> str       optional: one line for a failed job (default: its last error)
 
 Pure Python: no torch, ray or verl.
@@ -200,6 +208,20 @@ def refuse_bad_inputs(checks: list[Check], total: int) -> None:
     if errors:
         more = f" (and {len(errors) - 1} more: `rpg sweep SPEC --dry-run` lists them)" if len(errors) > 1 else ""
         raise PreflightError(check_line(errors[0], total).removeprefix("error: ") + more)
+
+
+def footprints(plans: list[RunPlan]) -> dict[str, dict[str, float | None]]:
+    """Each plan's backend `footprint` (run id -> its figures; {} for a backend that has none)."""
+    from rpg_cli.spec import ExperimentSpec
+
+    out: dict[str, dict[str, float | None]] = {}
+    for plan in plans:
+        estimate = getattr(launcher(plan.backend), "footprint", None)
+        try:
+            out[plan.id] = estimate(ExperimentSpec.model_validate(plan.spec)) if estimate is not None else {}
+        except ValueError:  # a plan made by hand, not from a spec (SpecError is a ValueError): nothing to estimate
+            out[plan.id] = {}
+    return out
 
 
 def validation_costs(plans: list[RunPlan]) -> list[tuple[int, int | None, int, int, int]]:

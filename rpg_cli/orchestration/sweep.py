@@ -29,7 +29,7 @@ from rpg_cli.orchestration.head import (
 )
 from rpg_cli.orchestration.plan import RunPlan, check_plans, failure_reason, launcher, refuse_bad_inputs, rehome
 from rpg_cli.orchestration.submit import from_ms, killed_by, ray_jobs, run_state, submit, tail_logs
-from rpg_cli.states import ATTACH, DONE, LIVE, SKIP, STATUSES, TERMINAL, run_action
+from rpg_cli.states import ATTACH, DONE, LIVE, NEW, SKIP, STATUSES, SUBMIT, TERMINAL, run_action
 from rpg_cli.store import DEFAULT_DB_URL, StoreError, open_store
 from rpg_cli.store.light import run_states
 from rpg_cli.store.url import RUN_AGAIN
@@ -121,6 +121,7 @@ def run_sweep(
     if not (address or os.environ.get("RAY_ADDRESS")):  # rpg's local head: its jobs get its environment
         _check_head_credentials(plans, states, runs_dir)
     _check_install(plans, states)
+    _check_cluster(client, plans, states, retry_failed)
     store = open_store(db_url)
     try:
         homes = store.record_plans(plans, sweep_name)  # a run another sweep created keeps its directory
@@ -176,6 +177,22 @@ def _check_install(plans: list[RunPlan], states: dict[str, str]) -> None:
         if check is not None:
             try:
                 check({p.name: p.entrypoint for p in todo if p.backend == backend})
+            except RuntimeError as exc:
+                raise ClusterError(str(exc)) from None
+
+
+def _check_cluster(
+    client: JobSubmissionClient, plans: list[RunPlan], states: dict[str, str], retry_failed: bool
+) -> None:
+    """Each backend's check of the cluster's nodes for the runs to submit (verl: a Ray job checks every GPU
+    node as `rpg doctor` checks one), once per sweep, before anything is recorded; re-attached, succeeded and
+    skipped runs are not checked for."""
+    todo = [p for p in plans if run_action(states.get(p.id, NEW), retry_failed) == SUBMIT]
+    for backend in dict.fromkeys(p.backend for p in todo):
+        check = getattr(launcher(backend), "check_cluster", None)
+        if check is not None:
+            try:
+                check(client, [(p.entrypoint, p.env) for p in todo if p.backend == backend])
             except RuntimeError as exc:
                 raise ClusterError(str(exc)) from None
 

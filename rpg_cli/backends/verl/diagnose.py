@@ -13,6 +13,8 @@ import os
 import re
 import subprocess
 import sys
+from collections.abc import Mapping
+from typing import Any
 
 from rpg_cli.rundir import failure_line, last_error_line
 
@@ -27,6 +29,15 @@ plugin = sys.argv[1]
 missing = [n for n in LOSS_NAMES if getattr(POLICY_LOSS_REGISTRY.get(n), "__module__", "") != plugin]
 if missing:
     sys.exit(print("missing:" + ",".join(missing)))
+if sys.argv[2:] == ["node"]:  # a node's check: verl's platform and the vLLM version, as this environment gives them
+    import importlib.metadata
+    from verl.plugin.platform import get_platform
+    platform = get_platform()
+    try:
+        vllm = importlib.metadata.version("vllm")
+    except importlib.metadata.PackageNotFoundError:
+        vllm = None
+    print("node:" + json.dumps({"vendor": platform.vendor_name, "device": platform.device_name, "vllm": vllm}))
 runs = json.load(sys.stdin)
 if runs:
     from pathlib import Path
@@ -50,17 +61,23 @@ def check_plugin_loads(
     python: str | None = None,
     timeout_s: float = 120.0,
     configs: dict[str, list[str]] | None = None,
-) -> None:
+    env: Mapping[str, str] | None = None,
+    node: bool = False,
+) -> dict[str, Any] | None:
     """Raise RuntimeError (one line) unless a fresh `python` importing verl the way a job does
     (VERL_USE_EXTERNAL_MODULES=`plugin_module`, from the runtime_env) sees every rpg policy loss
     registered by that module, and verl composes and validates each run's overrides in `configs`
-    (run name -> Hydra overrides)."""
+    (run name -> Hydra overrides).
+
+    `env`: a job's whole environment instead of this process's (its VERL_USE_EXTERNAL_MODULES, which lists the
+    plugin, may load other modules first: a platform). `node`: also return what a node's check reads there
+    (node.py): verl's platform ({vendor, device}) and the vLLM version verl reads ({vllm}: None when none)."""
     import json
 
-    environment = {**os.environ, "VERL_USE_EXTERNAL_MODULES": plugin_module}
+    environment = {**os.environ, "VERL_USE_EXTERNAL_MODULES": plugin_module} if env is None else dict(env)
     try:
         done = subprocess.run(
-            [python or sys.executable, "-c", _PROBE, plugin_module],
+            [python or sys.executable, "-c", _PROBE, plugin_module, *(["node"] if node else [])],
             env=environment,
             input=json.dumps(list((configs or {}).items())),
             capture_output=True,
@@ -84,6 +101,8 @@ def check_plugin_loads(
             f"verl loaded the rpg plugin but lacks losses ({out[-1].removeprefix('missing:')}); "
             "reinstall rpg-cli so both come from the same version"
         )
+    seen = [line.removeprefix("node:") for line in out if line.startswith("node:")]
+    return json.loads(seen[-1]) if seen else None
 
 
 # verl's own known failures -> what the user should do (disk full and out of memory are every job's:
@@ -105,8 +124,15 @@ _HINTS = (
 )
 
 
+# how a job's node check (start.py, before verl starts) says why it refused to start verl: its line is the reason
+NODE_CHECK = "rpg node check: "
+
+
 def failure_reason(log_tail: str, limit: int = 300) -> str:
     """One readable line for a failed verl job, from the tail of its log."""
+    refused = [line for line in log_tail.splitlines() if line.startswith(NODE_CHECK)]
+    if refused:
+        return refused[-1].removeprefix(NODE_CHECK).strip()[:limit]
     error = last_error_line(log_tail)
     for pattern, hint in _HINTS:
         match = pattern.search(error) or pattern.search(log_tail)

@@ -16,7 +16,9 @@ from typing import TYPE_CHECKING, Any
 
 from rpg_cli import rundir
 from rpg_cli.backends.verl import diagnose
+from rpg_cli.backends.verl.footprint import disk, gpu_memory, token_budgets
 from rpg_cli.inputs import Finding, check_run, count_problems
+from rpg_cli.model_shape import model_shape
 from rpg_cli.spec import Every, SpecError, override_key
 from rpg_cli.trackers.runs import verl_env, verl_loggers
 
@@ -92,8 +94,39 @@ def env(spec: ExperimentSpec, run_dir: Path) -> dict[str, str]:
 
 
 def preflight(spec: ExperimentSpec) -> list[Finding]:
-    """What can be checked of a run before a GPU is paid for: its data files, model and prompt lengths."""
-    return check_run(spec)
+    """What can be checked of a run before a GPU is paid for: its data files, model and prompt lengths, and
+    whether its estimated per-GPU peak fits its GPUs (footprint.py; an error naming the setting that fixes it)."""
+    findings = check_run(spec)
+    shape = model_shape(spec.model)
+    if shape is None:
+        return [
+            *findings,
+            Finding(
+                "model",
+                f"no config.json for {spec.model} here (a model directory or the Hugging Face cache): memory and "
+                f"disk not estimated; download it first (huggingface-cli download {spec.model})",
+                error=False,
+            ),
+        ]
+    memory = gpu_memory(spec, shape, overrides(spec, Path("run")), spec.resources.gpu_memory_gib)
+    if not memory.fits:
+        findings.append(Finding("resources.gpu_memory_gib", str(memory), error=True))
+    return findings
+
+
+def footprint(spec: ExperimentSpec) -> dict[str, float | None]:
+    """The dry run's figures (footprint.py): the estimated per-GPU peak in GiB and the disk the run's checkpoints
+    leave (and take at most, while the newest is written) in GB; None where the model's config.json is not here."""
+    shape = model_shape(spec.model)
+    if shape is None:
+        return {"gpu_memory_gib": None, "disk_gb": None, "disk_peak_gb": None}
+    space = disk(spec, shape)
+    memory = gpu_memory(spec, shape, overrides(spec, Path("run")), spec.resources.gpu_memory_gib)
+    return {
+        "gpu_memory_gib": round(memory.peak_gib, 1),
+        "disk_gb": round(space.run_gb, 1),
+        "disk_peak_gb": round(space.peak_gb, 1),
+    }
 
 
 def check_install(entrypoints: dict[str, list[str]] | None = None) -> None:
@@ -102,6 +135,27 @@ def check_install(entrypoints: dict[str, list[str]] | None = None) -> None:
     (RuntimeError, one line, if not)."""
     configs = {name: overrides_of(argv) for name, argv in (entrypoints or {}).items()}
     diagnose.check_plugin_loads(PLUGIN_MODULE, configs=configs)
+
+
+def check_node(runs: list[tuple[list[str], dict[str, str]]] | None = None) -> list[dict[str, Any]]:
+    """`rpg doctor`: this machine checked as a node of verl runs (node.py), each check a dict (status, name, ok,
+    needed, detail, fix). `runs`: (entrypoint, env) of each; flash-attn is checked when one loads its model with
+    flash_attention_2 (verl's default: also with no runs), verl's platform read with the first one's env."""
+    from rpg_cli.backends.verl import node
+
+    runs = runs or []
+    flash = not runs or any(node.uses_flash_attention(overrides_of(argv)) for argv, _ in runs)
+    return [c.as_dict() for c in node.node_checks(flash, runs[0][1] if runs else None, PLUGIN_MODULE)]
+
+
+def check_cluster(client: Any, runs: list[tuple[list[str], dict[str, str]]] | None = None) -> None:
+    """Before verl runs are submitted (once per sweep; `runs`: (entrypoint, env) of each run to submit): every GPU
+    node of the cluster checked as `check_node` checks one, by a Ray job through the Jobs API `client`, with the
+    runs' env; RuntimeError, one line naming the node and the fix, when one lacks what a run needs, or when the
+    cluster has no GPU node (node.check_cluster)."""
+    from rpg_cli.backends.verl import node
+
+    node.check_cluster(client, [(overrides_of(argv), env) for argv, env in runs or []], PLUGIN_MODULE)
 
 
 failure_reason = diagnose.failure_reason  # one line for a failed job, from the tail of its log
@@ -179,7 +233,7 @@ def overrides(spec: ExperimentSpec, run_dir: Path) -> list[str]:
     clip = spec.clip
     # unclipped runs keep verl's own valid defaults in its fields; policy_loss.clip=false switches clipping off
     eps_low, eps_high, clip_c = (clip.eps_low, clip.eps_high, clip.c) if clip is not None else (0.2, 0.2, 3.0)
-    tokens_per_gpu = 2 * (prompt_len + response_len)  # dynamic micro-batches: two full sequences per GPU pass
+    tokens_per_gpu = token_budgets(spec).ppo  # dynamic micro-batches: two full sequences per GPU pass
     val_files = spec.data.val_files or spec.data.train_files  # verl builds a val loader even when it never runs
     actor = "actor_rollout_ref.actor"
     rollout = "actor_rollout_ref.rollout"
