@@ -67,7 +67,7 @@ E2E_VENV  := .venv-e2e
 E2E_PY    := $(E2E_VENV)/bin/python
 E2E_STAMP := $(E2E_VENV)/.installed
 
-$(E2E_STAMP): pyproject.toml tests/e2e/requirements.txt Makefile
+$(E2E_STAMP): pyproject.toml requirements/shared.txt tests/e2e/requirements.txt Makefile
 	test -x $(E2E_PY) || $(PYTHON) -m venv $(E2E_VENV)
 	$(E2E_PY) -m pip install -q --no-deps -r tests/e2e/requirements.txt
 	$(E2E_PY) -m pip install -q --no-deps -e .
