@@ -13,6 +13,7 @@ test checks a metrics.jsonl against it.
 
 from __future__ import annotations
 
+import math
 import re
 from dataclasses import dataclass
 
@@ -159,12 +160,37 @@ def val_key(source: str, n: int, var: str = "acc", section: str = VAL_CORE) -> s
 
 
 def bounds(key: str) -> tuple[float | None, float | None]:
-    """The range a logged value cannot leave: the contract's, [0, 1] for a validation accuracy."""
+    """The range a logged value cannot leave: the contract's, [0, 1] for a validation accuracy (every
+    statistic verl logs of `acc`, core and aux: means, best/worst/maj and the std of 0/1 values)."""
     stat = VAL_KEY_RE.match(key)
-    if stat is not None and stat["var"] == "acc":
+    if (stat is not None and stat["var"] == "acc") or VAL_ACC_KEY_RE.match(key):
         return (0.0, 1.0)
     metric = METRICS.get(key)
     return metric.bounds if metric is not None else (None, None)
+
+
+# What the store accepts from a job's metrics.jsonl (store/ingest.py): a validation accuracy in [0, 1], up to
+# float rounding (a mean of 0/1 values in float64). A training metric's range (`bounds`) cuts a plot's band
+# but is not enforced on the file: GPU arithmetic (bf16 logits) lands a little outside it, and what the
+# trainer logged is the evidence; only its type is checked.
+ACCURACY_SLACK = 1e-9
+
+
+def accepted_range(key: str) -> tuple[float, float]:
+    """The range the store accepts a value logged under `key` in: [0, 1] (and the slack) for a validation
+    accuracy, else every float (-inf, inf)."""
+    if key.startswith("val-") and bounds(key) == (0.0, 1.0):
+        return (-ACCURACY_SLACK, 1.0 + ACCURACY_SLACK)
+    return (-math.inf, math.inf)
+
+
+def out_of_range(key: str, value: float) -> str | None:
+    """Why `value`, logged under `key`, cannot be what the key means (outside `accepted_range(key)`), else
+    None. NaN is no value (the store keeps it as NULL: a diverged step, an empty validation set)."""
+    low, high = accepted_range(key)
+    if value != value or low <= value <= high:
+        return None
+    return f"{key} is {value:g}, outside its range [0, 1]"
 
 
 def axis_label(key: str) -> str:

@@ -45,6 +45,36 @@ EVAL_DIR = "eval"
 RESTART_KEY = "restart"  # metrics.jsonl: a resumed attempt's first line (restart_line)
 
 
+# What rpg and its trackers keep directly under the runs directory, beside the sweeps' directories
+# (runs/<sweep>/): each name is defined here, once, and its user imports it. No sweep may take one of them
+# (spec/sweep.py refuses it at the dry run): its runs would be written into rpg's files (runs/ray holds the
+# local head's token), or the store could not be made (a directory runs/results.db).
+HEAD_DIR = "ray"  # the local Ray head's private directory: head.json, its token, Ray's files (orchestration/head.py)
+STORE_FILE = "results.db"  # the default results database (store/url.py: DEFAULT_DB_URL)
+SQLITE_SIDE_FILES = ("-wal", "-shm", "-journal")  # what SQLite keeps beside a database file, by its suffix
+PLAIN_SWEEP = "checkpoints"  # `rpg eval`'s sweep of models that belong to no run (evaluation/plan.py)
+PLOTS_DIR = "plots"  # `rpg report --plot`'s figures by default (cli/report.py)
+TENSORBOARD_DIR = "tensorboard"  # TensorBoard's default log root (trackers/tensorboard.py)
+MLFLOW_DB = "mlflow.db"  # MLflow's default tracking database (trackers/mlflow.py)
+WANDB_DIR = "wandb"  # W&B's files of `rpg export --to wandb` (W&B's own directory name under the runs root)
+
+RESERVED_NAMES: dict[str, str] = {
+    HEAD_DIR: "the local Ray head's private files and its token",
+    **{f"{STORE_FILE}{s}": "the results database" for s in ("", *SQLITE_SIDE_FILES)},
+    PLAIN_SWEEP: "the sweep under which `rpg eval` records models that belong to no run",
+    PLOTS_DIR: "the figures of `rpg report --plot`",
+    TENSORBOARD_DIR: "TensorBoard's logs",
+    **{f"{MLFLOW_DB}{s}": "MLflow's tracking database" for s in ("", *SQLITE_SIDE_FILES)},
+    WANDB_DIR: "W&B's files",
+}
+
+
+def reserved_name(name: str) -> str | None:
+    """What rpg keeps under the runs directory as `name` (RESERVED_NAMES), or None when a sweep may take it.
+    Compared without case: on a case-insensitive filesystem (macOS) `Ray` is `ray`."""
+    return {k.casefold(): v for k, v in RESERVED_NAMES.items()}.get(name.casefold())
+
+
 def diverged(step: int, what: str) -> str:
     """The failure reason of a run whose step `step` left `what` non-finite ("actor/pg_loss is nan")."""
     return f"training diverged at step {step}: {what}; lower lr or beta, then `rpg sweep SPEC --retry-failed`"

@@ -178,11 +178,16 @@ def test_a_file_rewritten_in_place_to_the_same_size_is_noticed(tmp_path):
         with open(path, "r+") as f:  # another writer: same file, same length, other values
             f.write(line(1, a=7.0) + line(2, a=8.0))
         assert os.stat(path).st_ino == inode and store.ingest_metrics("r", path) == 2
-        assert db_metrics(store, "r") == {1: {"a": 7.0}, 2: {"a": 8.0}}
-        replaced = tmp_path / "other.jsonl"  # and a file moved over it: another inode
+        assert db_metrics(store, "r") == {1: {"a": 7.0}, 2: {"a": 8.0}}  # a live run's attempt starting it over
+        store.begin_attempt("r")  # the next attempt: its file moved over the old one (another inode)
+        replaced = tmp_path / "other.jsonl"
         replaced.write_text(line(1, a=5.0) + line(2, a=6.0))
         os.replace(replaced, path)
         assert store.ingest_metrics("r", path) == 2 and db_metrics(store, "r") == {1: {"a": 5.0}, 2: {"a": 6.0}}
+        with open(path, "r+") as f:  # changed again within that attempt: not believed, the store keeps its rows
+            f.write(line(1, a=9.0))
+        assert store.ingest_metrics("r", path) == 0 and db_metrics(store, "r") == {1: {"a": 5.0}, 2: {"a": 6.0}}
+        assert "rewritten" in store.changed_files(["r"])["r"]
     finally:
         store.close()
 

@@ -503,7 +503,7 @@ def test_a_database_written_before_schema_versions_opens_with_nothing_lost(tmp_p
         assert [r[: len(before[name][0])] for r in after[name]] == before[name]
     assert {r[-1] for r in after["runs"]} == {None}  # running_at (version 3)
     assert sorted(r[:4] for r in after["metric_files"]) == sorted(before["metric_files"])  # identity unknown: NULL
-    assert all(r[4:] == (None, None, None) for r in after["metric_files"])
+    assert all(r[4:] == (None,) * 5 for r in after["metric_files"])  # and v4's restart_attempt, changed
     with sqlite3.connect(db) as con:
         evals = con.execute("SELECT run_id, step, benchmark, metric, k, scorer, value, scorer_version, n FROM evals")
         assert sorted(r[:-1] for r in evals.fetchall()) == sorted(before["evals"])

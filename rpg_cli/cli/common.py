@@ -84,15 +84,29 @@ def sweep_option():
 
 
 WHERE_HELP = (
-    "Only runs whose spec matches: FIELD=V[,V...] or FIELD!=V; dotted paths reach nested fields "
-    "(clip.eps_low=0.1). Repeatable; all must hold."
+    "Only runs whose spec matches: FIELD=V[,V...] or FIELD!=V, each V as the spec's YAML writes it "
+    "(clip=off, reference={every: 10}); dotted paths reach nested fields (clip.eps_low=0.1). Repeatable; all must hold."
 )
 
 
 def where_option(scope: str = ""):
     """`--where FIELD=VALUE`, repeatable: runs whose spec matches (rpg_cli.report.summary.parse_where).
-    `scope` says more of what it filters (`rpg compare`: on both sides)."""
-    return typer.Option(None, "--where", metavar="FIELD=VALUE", help=f"{WHERE_HELP}{scope}")
+    `scope` says more of what it filters (`rpg compare`: on both sides). Checked as it is parsed, before
+    any store is opened: a value no run can have is an error whether or not there are runs yet."""
+    return typer.Option(None, "--where", metavar="FIELD=VALUE", help=f"{WHERE_HELP}{scope}", callback=_check_where)
+
+
+def _check_where(ctx: typer.Context, clauses: list[str] | None) -> list[str] | None:
+    """`rpg COMMAND: --where '...': ...` (exit 2) for a filter that cannot match (the spec's types say)."""
+    if clauses:
+        from rpg_cli.report.scores import ReportError
+        from rpg_cli.report.summary import parse_where
+
+        try:
+            parse_where(clauses)
+        except ReportError as e:
+            fail(ctx.info_name or "rpg", e)
+    return clauses
 
 
 def format_option(default: str | None, help: str, choices: tuple[str, ...] = ()):

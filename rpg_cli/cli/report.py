@@ -122,7 +122,7 @@ def report(
     from pathlib import Path
 
     from rpg_cli import report as rp
-    from rpg_cli.rundir import write_atomic
+    from rpg_cli.rundir import PLOTS_DIR, write_atomic
     from rpg_cli.store import StoreError
 
     check_format("report", output_format, ("table", *rp.RENDERERS))
@@ -166,7 +166,7 @@ def report(
                         per_seed=per_seed,
                     ),
                 )
-                for path in rp.save_figure(fig, output or "runs/plots", f"training-{sweep_name or 'all'}"):
+                for path in rp.save_figure(fig, output or f"runs/{PLOTS_DIR}", f"training-{sweep_name or 'all'}"):
                     typer.echo(f"wrote {path}")
         except (rp.ReportError, StoreError) as e:
             fail("report", e)

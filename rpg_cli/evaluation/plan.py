@@ -25,7 +25,7 @@ from rpg_cli import rundir
 from rpg_cli.benchmarks import NoScorerError, benchmark_name, scorer_for
 from rpg_cli.evaluation.options import EvalError, EvalOptions, parse_steps
 
-PLAIN_SWEEP = "checkpoints"  # the sweep under which models that belong to no run are recorded
+PLAIN_SWEEP = rundir.PLAIN_SWEEP  # the sweep under which models that belong to no run are recorded
 
 
 @dataclass(frozen=True)

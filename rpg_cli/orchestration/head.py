@@ -38,7 +38,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from rpg_cli.rundir import last_lines, write_atomic
+from rpg_cli.rundir import HEAD_DIR, last_lines, write_atomic
 from rpg_cli.store.url import DB_ENVVAR
 
 if TYPE_CHECKING:
@@ -89,7 +89,7 @@ def head_env_names(runs_dir: Path = DEFAULT_RUNS_DIR) -> set[str] | None:
 
 
 def _head_dir(runs_dir: Path) -> Path:
-    return Path(runs_dir).resolve() / "ray"
+    return Path(runs_dir).resolve() / HEAD_DIR
 
 
 def _temp_dir(head_dir: Path) -> Path:

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import csv
 import io
-import json
 import re
 import statistics
 from collections.abc import Sequence
@@ -42,97 +41,264 @@ TABLE_FIELDS = tuple(f for f in SUMMARY_FIELDS if f not in ("wall_s", "submitted
 TABLE_TITLES = {"val": "val acc", "queued_s": "queued", "run_s": "run", "started": "started (UTC)"}
 
 
-def parse_where(clauses: Sequence[str]) -> list[tuple[str, bool, list[str]]]:
+def parse_where(clauses: Sequence[str]) -> list[tuple[str, bool, list[Any]]]:
     """`field=value[,value...]` or `field!=value[,...]` (dotted paths reach nested fields: clip.eps_low)
-    -> (path, negated, values). ReportError naming the spec fields when a field is unknown."""
+    -> (path, negated, wanted values). A value is written as a spec's YAML writes it (`clip=off`,
+    `reference={every: 10}`, `data.train_files=[a.parquet]`; commas inside brackets stay in the value) and
+    must be one the field takes, by the spec's own types (its literals, nested models, bounds): a value no
+    run can have is a ReportError naming the field and what it takes (a typo would list 0 runs)."""
     from rpg_cli.spec import ExperimentSpec
 
     out = []
     for clause in clauses:
-        m = re.match(r"^\s*([A-Za-z_][\w.]*)\s*(!=|=)\s*(.*?)\s*$", clause)
+        m = re.match(r"^\s*([A-Za-z_][\w.]*)\s*(!=|=)\s*(.*?)\s*$", clause, re.S)
         if not m:
             raise ReportError(f"--where {clause!r}: expected FIELD=VALUE or FIELD!=VALUE (VALUE may be a comma list)")
         path, op, value = m.groups()
         if path.split(".")[0] not in ExperimentSpec.model_fields:
-            raise ReportError(
-                f"--where {clause!r}: no spec field {path.split('.')[0]!r}; fields: {', '.join(ExperimentSpec.model_fields)}"
-            )
-        values = [v.strip() for v in value.split(",")]
-        for v in values:
-            _check_where_value(clause, path, v)
-        out.append((path, op == "!=", values))
+            fields = ", ".join(ExperimentSpec.model_fields)
+            raise ReportError(f"--where {clause!r}: no spec field {path.split('.')[0]!r}; fields: {fields}")
+        adapter = _field_adapter(clause, path)
+        out.append((path, op == "!=", [_wanted(clause, path, adapter, text) for text in _split_values(value)]))
     return out
 
 
-def _check_where_value(clause: str, path: str, value: str) -> None:
-    """ReportError when `value` could match no value of the spec field `path` (a typo would list 0 runs)."""
-    import typing
+def _field_adapter(clause: str, path: str) -> Any:
+    """A validator of one value of the spec field `path`, under the spec's own config (strict, finite)."""
+    from pydantic import BaseModel, ConfigDict, TypeAdapter
 
-    from rpg_cli.spec import _field_info, _field_names
+    from rpg_cli.spec import ExperimentSpec, _field_info, _field_names
 
     info = _field_info(path)
     if info is None:
+        parent = path.rpartition(".")[0]
+        if not _field_names(path):
+            raise ReportError(
+                f"--where {clause!r}: {parent} has no fields of its own; filter on it whole ({parent}=VALUE)"
+            )
         raise ReportError(f"--where {clause!r}: no spec field {path!r}; fields there: {', '.join(_field_names(path))}")
-    kinds: list[Any] = []
+    annotation = info.rebuild_annotation()
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        return TypeAdapter(annotation)  # a model has its own config
+    config = {k: ExperimentSpec.model_config[k] for k in ("strict", "allow_inf_nan")}
+    return TypeAdapter(annotation, config=ConfigDict(**config))
+
+
+def _split_values(text: str) -> list[str]:
+    """`a,b` -> ['a', 'b']; commas inside [...], {...} or quotes belong to one value (`[a, b],c`)."""
+    values, depth, quote, start = [], 0, "", 0
+    for i, ch in enumerate(text):
+        if quote:
+            quote = "" if ch == quote else quote
+        elif ch in "'\"":
+            quote = ch
+        elif ch in "[{":
+            depth += 1
+        elif ch in "]}":
+            depth -= 1
+        elif ch == "," and depth == 0:
+            values.append(text[start:i])
+            start = i + 1
+    return [v.strip() for v in [*values, text[start:]]]
+
+
+def _wanted(clause: str, path: str, adapter: Any, text: str) -> Any:
+    """What a run's spec holds at `path` when it has the value `text` (in YAML): the value as the spec
+    validates it, in spec.json's form (the keys it sets only); a mapping that leaves out required keys
+    (`clip={eps_low: 0.1}`) as written, matched on those keys. ReportError when no spec can hold it."""
+    import yaml
+    from pydantic import ValidationError
+
+    from rpg_cli.spec import SpecError
+    from rpg_cli.spec.errors import _from_pydantic
+    from rpg_cli.spec.loading import _loader
+
+    try:
+        value = yaml.load(text, Loader=_loader())
+    except yaml.YAMLError as e:
+        problem = getattr(e, "problem", None) or str(e).splitlines()[0]
+        raise ReportError(f"--where {clause!r}: {text!r} is not a YAML value ({problem})") from None
+    try:
+        return adapter.dump_python(adapter.validate_python(value), mode="json", exclude_unset=True)
+    except SpecError as e:  # a check of the spec's own (a validator raising it): its words
+        raise ReportError(f"--where {clause!r}: {text!r} is not a value of {path}: {e.reason}") from None
+    except ValidationError as e:
+        found = _problem(path, value, e.errors())
+    if found is None:
+        return value  # a partial mapping (`clip={eps_low: 0.1}`): the keys it gives must match
+    err, where, models = found
+    said = f"--where {clause!r}: {text!r} is not a value of"
+    if err["type"] == "extra_forbidden":
+        fields = ", ".join(f for m in models for f in m.model_fields)
+        raise ReportError(f"{said} {where} (no field {err['loc'][-1]!r}); allowed: a mapping of {fields}")
+    if _is_mismatch(err) and (where != path or not _fits(value, adapter.core_schema)) and _field_info(where):
+        raise ReportError(f"{said} {where}; allowed: {_takes(where)}")  # a kind the field does not take
+    head, _, allowed = _from_pydantic(err, None).reason.partition("allowed: ")  # a bound, a check of its own
+    head = "" if head.startswith("got ") else f" ({head.rstrip('; ')})"
+    raise ReportError(f"{said} {where}{head}" + (f"; allowed: {allowed}" if allowed else ""))
+
+
+def _problem(path: str, value: Any, errors: list[Any]) -> tuple[dict[str, Any], str, list[Any]] | None:
+    """The error to report of a value of `path` that failed validation, with the (sub-)field it is about
+    and the models there; None when only required keys are missing (a partial mapping). For a mapping
+    or a list, the errors inside it come first (a union's other members' errors say less)."""
+    located = [(err, *_sub_path(path, err["loc"])) for err in errors]
+    inside = [x for x in located if x[1] != path or x[0]["type"] == "extra_forbidden"]  # about its keys, items
+    inner = inside if isinstance(value, (dict, list)) else []
+    real = [x for x in inner or located if x[0]["type"] != "missing"]
+    return real[0] if real else None
+
+
+def _field_info(path: str) -> Any:
+    from rpg_cli.spec import _field_info
+
+    return _field_info(path)
+
+
+def _is_mismatch(err: dict[str, Any]) -> bool:
+    """A value of a kind the field does not take (not a bound or a check of its own)."""
+    return err["type"] == "literal_error" or err["type"].endswith(("_type", "_parsing", "_from_float"))
+
+
+def _fits(value: Any, schema: Any) -> bool:
+    """Whether `value` is of a kind the field takes, its mismatch inside it (a mapping's key)."""
+    kinds = _kinds_of(value)
+    return bool(kinds) and any(k in kinds for k in _schema_kinds(schema))
+
+
+def _kinds_of(value: Any) -> set[str]:
+    if isinstance(value, dict):
+        return {"dict", "model"}
+    if isinstance(value, list):
+        return {"list"}
+    return set()
+
+
+def _schema_kinds(schema: Any) -> set[str]:
+    """The container kinds a pydantic core schema takes (models and dicts, lists), through unions and
+    validators' wrappers."""
+    if not isinstance(schema, dict):
+        return set()
+    kind = schema.get("type")
+    if kind in ("model", "dataclass"):
+        return {"model"}
+    if kind in ("dict", "typed-dict"):
+        return {"dict"}
+    if kind in ("list", "tuple", "set"):
+        return {"list"}
+    found: set[str] = set()
+    for key in ("schema", "choices", "steps"):
+        inner = schema.get(key)
+        for item in inner if isinstance(inner, list) else [inner]:
+            found |= _schema_kinds(item[0] if isinstance(item, tuple) else item)
+    return found
+
+
+def _takes(path: str) -> str:
+    """What the spec field `path` takes, from its type: its literals, then the kinds of its other values."""
+    import typing
+
+    from pydantic import BaseModel
+
+    from rpg_cli.spec import _field_info
+
+    words: list[str] = []
 
     def walk(annotation: Any) -> None:
-        if typing.get_origin(annotation) is typing.Annotated:
+        origin = typing.get_origin(annotation)
+        if origin is typing.Annotated:
             walk(typing.get_args(annotation)[0])
-        elif typing.get_origin(annotation) is typing.Literal:
-            kinds.extend(str(v) for v in typing.get_args(annotation))
-        elif typing.get_args(annotation) and typing.get_origin(annotation) not in (list, dict):
+        elif origin is typing.Literal:
+            words.extend(str(v) for v in typing.get_args(annotation))
+        elif origin in (list, tuple, set):
+            words.append("a list ([A, B])")
+        elif origin is dict:
+            words.append("a mapping ({KEY: VALUE})")
+        elif typing.get_args(annotation):  # a union
             for arg in typing.get_args(annotation):
                 walk(arg)
+        elif isinstance(annotation, type) and issubclass(annotation, BaseModel):
+            words.append(f"a mapping of {', '.join(annotation.model_fields)}")
         else:
-            kinds.append(annotation)
+            names = {int: "an integer", float: "a number", bool: "true or false", type(None): "null", str: "text"}
+            words.append(names.get(annotation, getattr(annotation, "__name__", str(annotation))))
 
+    info = _field_info(path)
+    assert info is not None
     walk(info.annotation)
-    w = value.lower()
-    if type(None) in kinds and w in ("none", "null", "off", ""):
-        return
-    if bool in kinds and w in ("true", "false"):
-        return
-    if value in kinds or any(not isinstance(k, str) and k not in (int, float, bool, type(None)) for k in kinds):
-        return  # a literal, or text, a list or a mapping (compared as text)
-    if int in kinds or float in kinds:
-        try:
-            float(value)
-            return
-        except ValueError:
-            pass
-    allowed = [k for k in kinds if isinstance(k, str)]
-    allowed += [
-        {int: "an integer", float: "a number", bool: "true or false", type(None): "none"}[k]
-        for k in kinds
-        if not isinstance(k, str)
-    ]
-    raise ReportError(f"--where {clause!r}: {value!r} is not a value of {path}; allowed: {', '.join(allowed)}")
+    return ", ".join(dict.fromkeys(words))
+
+
+def _sub_path(path: str, loc: tuple) -> tuple[str, list[Any]]:
+    """`path` and the part of a value an error is about (`reference.every`), pydantic's union tags left
+    out; with the models a value there may be."""
+    from rpg_cli.spec.errors import _model_in
+
+    info = _field_info(path)
+    models = _models_in(info.annotation if info is not None else None, _model_in)
+    for part in loc:
+        if isinstance(part, int):
+            path += f"[{part}]"
+            continue
+        owner = next((m for m in models if part in m.model_fields), None)
+        if owner is not None:  # else the name of a union's member, or a key the model lacks
+            path += f".{part}"
+            models = _models_in(owner.model_fields[part].annotation, _model_in)
+    return path, models
+
+
+def _models_in(annotation: Any, _model_in: Any) -> list[Any]:
+    """Every model a field's annotation holds (each member of a union)."""
+    import typing
+
+    found = []
+    for arg in (annotation, *typing.get_args(annotation)):
+        model = _model_in(arg)
+        if model is not None and model not in found:
+            found.append(model)
+    return found
 
 
 def _spec_value(spec: dict[str, Any], path: str) -> Any:
+    """The value at `path` of a stored canonical spec; a field it leaves out (an empty block, omitted so
+    that older run ids stand) has its default."""
+    from rpg_cli.spec import _field_info
+
     value: Any = spec
-    for part in path.split("."):
-        value = value.get(part) if isinstance(value, dict) else None
+    for depth, part in enumerate(path.split(".")):
+        if not isinstance(value, dict):
+            return None
+        if part not in value:
+            info = _field_info(".".join(path.split(".")[: depth + 1]))
+            if info is None or info.is_required():
+                return None
+            default = info.get_default(call_default_factory=True)
+            value = default.model_dump(mode="json") if hasattr(default, "model_dump") else default
+            continue
+        value = value[part]
     return value
 
 
-def _value_matches(actual: Any, wanted: str) -> bool:
-    w = wanted.lower()
-    if actual is None:
-        return w in ("none", "null", "off", "")
-    if isinstance(actual, bool):
-        return w == str(actual).lower()
-    if isinstance(actual, (int, float)):
-        try:
-            return float(wanted) == float(actual)
-        except ValueError:
-            return False
-    if isinstance(actual, (dict, list)):
-        return w == json.dumps(actual, sort_keys=True).lower() or (w == "on" and bool(actual))
-    return str(actual) == wanted
+def _value_matches(actual: Any, wanted: Any) -> bool:
+    """Whether a stored value holds the wanted one: equal (numbers by value, true never 1), a mapping
+    holding each key wanted with a matching value, a list matching item by item."""
+    if isinstance(wanted, dict):
+        return isinstance(actual, dict) and all(k in actual and _value_matches(actual[k], v) for k, v in wanted.items())
+    if isinstance(wanted, list):
+        return (
+            isinstance(actual, list)
+            and len(actual) == len(wanted)
+            and all(_value_matches(a, w) for a, w in zip(actual, wanted))
+        )
+    if isinstance(wanted, bool) or isinstance(actual, bool):
+        return actual is wanted
+    if isinstance(wanted, (int, float)) and isinstance(actual, (int, float)):
+        return float(actual) == float(wanted)
+    return actual == wanted
 
 
-def spec_matches(spec: dict[str, Any], where: Sequence[tuple[str, bool, list[str]]]) -> bool:
+def spec_matches(spec: dict[str, Any], where: Sequence[tuple[str, bool, list[Any]]]) -> bool:
+    """Whether a stored spec passes every filter of `parse_where`."""
     for path, negated, values in where:
         hit = any(_value_matches(_spec_value(spec, path), v) for v in values)
         if hit == negated:

@@ -14,8 +14,9 @@ import copy
 import itertools
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, TypeAdapter, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, TypeAdapter, ValidationError, field_validator
 
+from rpg_cli.rundir import reserved_name
 from rpg_cli.spec.errors import SpecError, _from_pydantic, _validate
 from rpg_cli.spec.models import (
     KL_LOSS_ALGORITHMS,
@@ -47,6 +48,16 @@ class SweepSpec(_Frozen):
     exclude: list[dict[str, Any]] = Field(default_factory=list)
     seeds: list[int] | None = None
     _source: str = PrivateAttr("")  # the file it came from, for error messages
+
+    @field_validator("name")
+    @classmethod
+    def _not_rpgs_own(cls, name: str) -> str:
+        # runs/<name>/ sits beside what rpg and its trackers keep under runs/ (rundir.RESERVED_NAMES)
+        if (what := reserved_name(name)) is not None:
+            raise ValueError(
+                f"{name!r} is taken under runs/ by {what} (runs/{name.casefold()}); allowed: any other name"
+            )
+        return name
 
     @property
     def source(self) -> str:

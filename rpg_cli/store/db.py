@@ -18,7 +18,7 @@ import stat
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
-from datetime import datetime, timezone
+from datetime import datetime, timedelta, timezone
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -26,20 +26,24 @@ import sqlalchemy as sa
 
 from rpg_cli import rundir
 from rpg_cli.metrics import DIVERGED_KEYS
-from rpg_cli.states import STATUSES, TERMINAL
+from rpg_cli.states import LIVE, STATUSES, TERMINAL
 from rpg_cli.store import migrations
 from rpg_cli.store.ingest import (
+    INGEST_BYTES,
+    METRICS_CHUNK,
     VERL_VAL_SCORER,
     VERL_VAL_SCORER_VERSION,
     Cursor,
+    Parsed,
     ValRow,
+    end_cursor,
     ingest_rows,
     parse_metric_line,
     read_new,
     segments,
 )
 from rpg_cli.store.queries import Queries
-from rpg_cli.store.schema import PROTOCOL, schema
+from rpg_cli.store.schema import CHANGED_CHARS, PROTOCOL, schema
 from rpg_cli.store.url import (
     DEFAULT_DB_URL,
     RUN_AGAIN,
@@ -95,6 +99,39 @@ class RunRecord:
         return rundir.metrics_path(self.run_dir)
 
 
+def _unread(state: Mapping[str, Any] | None) -> bool:
+    """Whether a run's metric_files row (None: none) says the store has read nothing of its file yet (a
+    placeholder `_claim_file` inserted is such a row)."""
+    return state is None or (not state["fingerprint"] and not state["offset"])
+
+
+@dataclass
+class _Restarts:
+    """Which restarts of a run's metrics.jsonl the store applies (ingest.py): on the first read of the file
+    all (the store holds nothing of it: the file is folded as written); else one per attempt of a live run,
+    the first read after `runs.attempts` grew. `applied`: the attempt whose restart was applied."""
+
+    fresh: bool
+    status: str | None  # the run's state; None: not in the store
+    attempts: int
+    applied: int | None
+
+    @property
+    def live(self) -> bool:
+        return self.status in LIVE
+
+    def claim(self) -> str | None:
+        """Take the current attempt's restart: None when it applies, else why it does not."""
+        if self.fresh:
+            return None
+        if not self.live:
+            return f"the run has finished ({self.status})" if self.status else "the run is not in the store"
+        if self.applied is not None and self.applied >= self.attempts:
+            return f"its attempt ({self.attempts}) has restarted once already"
+        self.applied = self.attempts
+        return None
+
+
 # ------------------------------------------------------------------------------------------- store
 
 
@@ -144,35 +181,39 @@ class Store(Queries):
         A run is its spec (its id): new ones are inserted (status pending, their directory the plan's);
         a known one keeps its state and its directory (the first sweep that listed it made it, and its
         checkpoints and metrics are there) and joins this sweep too.
+
+        Safe against another process recording the same runs at once (two `rpg sweep` of one file): each
+        row is inserted unless it exists, in one statement, and always in the same order (sweeps, then runs
+        by id), so two writers wait for each other instead of failing or deadlocking.
         """
         t = self.t
+        plans = list(plans)
+        stamp = _now()
+        created: dict[str, datetime] = {}  # `runs` lists a sweep's runs in plan order
+        for i, plan in enumerate(plans):
+            created.setdefault(plan.id, stamp + timedelta(microseconds=i))
         homes: dict[str, Path] = {}
         with self._write() as conn:
-            for plan in plans:
-                sweep_name = sweep or plan.sweep
-                if conn.execute(sa.select(t.sweeps.c.name).where(t.sweeps.c.name == sweep_name)).first() is None:
-                    conn.execute(t.sweeps.insert().values(name=sweep_name, created_at=_now()))
-                home = conn.execute(sa.select(t.runs.c.run_dir).where(t.runs.c.id == plan.id)).scalar()
-                if home is None:
-                    home = str(rundir.absolute_run_dir(plan.run_dir))
-                    conn.execute(
-                        t.runs.insert().values(
-                            id=plan.id,
-                            sweep=sweep_name,
-                            name=plan.name,
-                            spec=plan.spec,
-                            backend=plan.backend,
-                            run_dir=home,
-                            status="pending",
-                            attempts=0,
-                            created_at=_now(),
-                        )
+            for name in sorted({sweep or p.sweep for p in plans}):
+                conn.execute(self._insert_new(t.sweeps).values(name=name, created_at=stamp))
+            for plan in sorted(plans, key=lambda p: p.id):  # one lock order for every writer
+                conn.execute(
+                    self._insert_new(t.runs).values(
+                        id=plan.id,
+                        sweep=sweep or plan.sweep,
+                        name=plan.name,
+                        spec=plan.spec,
+                        backend=plan.backend,
+                        run_dir=str(rundir.absolute_run_dir(plan.run_dir)),
+                        status="pending",
+                        attempts=0,
+                        created_at=created[plan.id],
                     )
-                m = t.sweep_runs.c
-                member = sa.select(m.run_id).where(m.sweep == sweep_name, m.run_id == plan.id)
-                if conn.execute(member).first() is None:
-                    conn.execute(t.sweep_runs.insert().values(sweep=sweep_name, run_id=plan.id, added_at=_now()))
+                )
+                home = conn.execute(sa.select(t.runs.c.run_dir).where(t.runs.c.id == plan.id)).scalar_one()
                 homes[plan.id] = Path(home)
+                member = dict(sweep=sweep or plan.sweep, run_id=plan.id, added_at=stamp)
+                conn.execute(self._insert_new(t.sweep_runs).values(**member))
         return homes
 
     def run(self, run_id: str) -> RunRecord | None:
@@ -257,19 +298,31 @@ class Store(Queries):
             return False
         raise StoreError(f"no run {run_id!r} in the store")
 
-    def begin_attempt(self, run_id: str) -> tuple[int, str]:
+    def begin_attempt(self, run_id: str, after: int | None = None) -> tuple[int, str]:
         """Record the intent to submit the run once more: returns (attempt, submission id).
 
         Ray never reuses a submission id, so attempt 1 is submitted as the run id and attempt n as
         `<run id>-<n>`. The run's metrics stay: the new attempt's metrics.jsonl says which of them it
         redoes (ingest.py), and verl's, started over, no longer holds the steps before its checkpoint.
+
+        The run's row is locked while its count is read and raised, so two processes never take the
+        same attempt number. `after`: the attempts the caller saw when it decided to submit; when
+        another process has begun one since (two `rpg sweep` of one file), that attempt is returned
+        instead of a new one, so that the run gets one job (the second submission of it is refused by
+        Ray as existing, and attaches).
         """
         t = self.t
         with self._write() as conn:
-            attempts = conn.execute(sa.select(t.runs.c.attempts).where(t.runs.c.id == run_id)).scalar_one_or_none()
-            if attempts is None:
+            row = conn.execute(
+                sa.select(t.runs.c.attempts, t.runs.c.submission_id)
+                .where(t.runs.c.id == run_id)
+                .with_for_update(key_share=True)  # PostgreSQL: FOR NO KEY UPDATE (SQLite: BEGIN IMMEDIATE)
+            ).first()
+            if row is None:
                 raise StoreError(f"no run {run_id!r} in the store")
-            attempt = attempts + 1
+            if after is not None and row.attempts > after and row.submission_id:
+                return row.attempts, row.submission_id
+            attempt = row.attempts + 1
             submission_id = run_id if attempt == 1 else f"{run_id}-{attempt}"
             conn.execute(
                 t.runs.update()
@@ -288,81 +341,159 @@ class Store(Queries):
 
     # -- metrics ------------------------------------------------------------------------------
 
-    def ingest_metrics(self, run_id: str, path: str | Path) -> int:
+    def ingest_metrics(self, run_id: str, path: str | Path, max_bytes: int = INGEST_BYTES) -> int:
         """Add what is new in a run's metrics.jsonl; returns the number of metric values read.
 
         One pass: the metrics go to `metrics`, and the validation accuracy among them (ingest.py) to
         `evals` under the scorer "verl-val", in the same transaction. Rows are keyed by (run, step,
-        key) and the latest line wins; a restart line voids the steps above its checkpoint.
-        Incremental: only bytes past the remembered offset are read, and only while the file is the
-        one read before: the same device and inode, and the same bytes where reading began and
-        stopped (a fingerprint). A file started over or rewritten is read again from its start, as a
-        restart (ingest.py). Concurrent ingestions of one run serialize: each commits only over the
-        state it started from, else reads again. Corrupt lines: a warning with the file's line
-        number, once, and skipped.
+        key). The file is untrusted input and the store the record (ingest.py's module docstring):
+        every line is checked; a live run's later line wins, and its new attempt's restart line voids
+        the steps above its checkpoint; a finished run only gains the (step, key) it lacks; a file that
+        no longer matches what was read is believed only as a live run's new attempt starting it over,
+        else reported in one line, marked (`changed_files`) and read on from its end.
+        Incremental: only bytes past the remembered offset are read, and only while the bytes read
+        before are still there (a fingerprint of where reading began and stopped); at most `max_bytes`
+        per call, METRICS_CHUNK per transaction, the rest at the next call. Concurrent ingestions of one
+        run serialize: each claims the run's bookkeeping row, in one statement, only while it is still
+        the state its read started from (`_claim_file`), else reads again; so every byte is ingested by
+        one process, once. Bad lines and ignored restarts: a warning with the file's line number, once.
         """
         path = Path(path).parent.resolve() / Path(path).name  # the file itself: never a link followed
-        for _ in range(20):
+        count, read, races = 0, 0, 0
+        while races < 20:
             done = self._ingest_once(run_id, path)
-            if done is not None:
-                return done
+            if done is None:
+                races += 1
+                continue
+            values, consumed, more = done
+            count, read = count + values, read + consumed
+            if not more or read >= max_bytes:
+                return count
         raise StoreError(f"could not ingest {path}: other processes kept ingesting it; try again")
 
-    def _ingest_once(self, run_id: str, path: Path) -> int | None:
-        """One try of ingest_metrics; None when another process ingested the run in between."""
-        mf = self.t.metric_files
+    def _ingest_once(self, run_id: str, path: Path) -> tuple[int, int, bool] | None:
+        """One chunk of ingest_metrics: (values read, bytes consumed, whether more bytes wait); None when
+        another process ingested the run in between."""
+        mf, runs = self.t.metric_files, self.t.runs
         with self.engine.connect() as conn:
             state = conn.execute(sa.select(mf).where(mf.c.run_id == run_id)).mappings().first()
         cursor = None
-        if state is not None and state["path"] == str(path) and state["file_id"] and state["fingerprint"]:
+        if state is not None and state["file_id"] and state["fingerprint"]:
             cursor = Cursor(state["file_id"], state["offset"], state["fingerprint"], state["lines"] or 0)
-        try:  # the file read where the store stopped, if it is still the one read then (ingest.read_new)
-            parsed, after = read_new(path, cursor, parse_metric_line)
+        try:  # the file read where the store stopped, if it still holds what was read then (ingest.read_new)
+            parsed, after = read_new(path, cursor, parse_metric_line, limit=METRICS_CHUNK)
+            end = end_cursor(path) if parsed.changed else None  # where to read on if it is not believed
         except OSError as exc:  # no file, or a path that cannot hold one (a name too long: nothing was written)
             if exc.errno in (errno.ENOENT, errno.ENOTDIR, errno.ENAMETOOLONG):
-                return 0
+                return 0, 0, False
             raise
-        if parsed.consumed == 0:
-            return 0
-        start, lines_before = after.offset - parsed.consumed, after.lines - parsed.lines
+        if parsed.consumed == 0 and not parsed.changed:
+            return 0, 0, False
+        lines_before = after.lines - parsed.lines
+        warnings = [(lines_before + index + 1, f"{why}; skipped") for index, why in parsed.bad]
         count = 0
         with self._write() as conn:
-            now = conn.execute(sa.select(mf).where(mf.c.run_id == run_id)).mappings().first()
-            if (None if now is None else dict(now)) != (None if state is None else dict(state)):
+            if not self._claim_file(conn, run_id, None if state is None else dict(state)):
                 return None  # another process ingested meanwhile: start again from what it left
-            last_step = None if start == 0 or state is None else state["last_step"]
-            dropped = False
-            for restart, keep, records in segments(parsed.events, from_start=start == 0):
-                if restart:
+            run = conn.execute(sa.select(runs.c.status, runs.c.attempts).where(runs.c.id == run_id)).first()
+            restarts = _Restarts(
+                fresh=_unread(state),
+                status=None if run is None else run.status,
+                attempts=run.attempts if run is not None else 0,
+                applied=None if state is None else state["restart_attempt"],
+            )
+            # a file that changed is believed only as this attempt starting it over (its one restart)
+            disowned = restarts.claim() if parsed.changed else None
+            if disowned:
+                assert end is not None and parsed.changed is not None
+                self._disown_file(conn, run_id, path, end, parsed.changed)
+            elif parsed.consumed:
+                count = self._apply_lines(conn, run_id, path, parsed, after, state, restarts, warnings)
+        if disowned:
+            _log.warning(
+                "%s: no longer the file the store read (%s); not believed (%s): the store keeps its rows and reads "
+                "only lines added from now on (`rpg runs` marks the run !)",
+                path,
+                parsed.changed,
+                disowned,
+            )
+            return 0, 0, False
+        for line, why in sorted(warnings):  # after the commit: a line is warned about when it is read, once
+            _log.warning("%s line %d: %s", path, line, why)
+        return count, parsed.consumed, parsed.more
+
+    def _apply_lines(
+        self,
+        conn: sa.Connection,
+        run_id: str,
+        path: Path,
+        parsed: Parsed,
+        after: Cursor,
+        state: Mapping[str, Any] | None,
+        restarts: _Restarts,
+        warnings: list[tuple[int, str]],
+    ) -> int:
+        """Write what `parsed` says (ingest_metrics' rules) and the cursor `after`; returns the values read.
+        An ignored restart is added to `warnings` as (line number, why)."""
+        lines_before = after.lines - parsed.lines
+        replace = restarts.live or restarts.fresh  # a finished run's rows are never replaced
+        last_step = None if _unread(state) or parsed.changed else state["last_step"]
+        count, dropped = 0, False
+        for segment in segments(parsed, from_start=bool(parsed.changed)):
+            if segment.restart:
+                why_not = None if segment.line is None else restarts.claim()  # line None: claimed already
+                if why_not:
+                    why = f"a restart record, ignored ({why_not}): the store keeps the steps it has"
+                    warnings.append((lines_before + (segment.line or 0) + 1, why))
+                else:
                     dropped = True
-                    self._drop_steps_after(conn, run_id, keep)
-                    last_step = None if keep is None or last_step is None else min(last_step, keep)
-                rows, val_rows = ingest_rows(run_id, records)
-                if rows:
-                    self._bulk_upsert(conn, self.t.metrics, rows)
-                if val_rows:
-                    self._bulk_upsert(conn, self.t.evals, self._val_evals(conn, run_id, val_rows))
-                count += len(rows)
-                last_step = max((s for s in (last_step, *(step for step, _ in records)) if s is not None), default=None)
-            if dropped:  # steps of an earlier attempt may remain below the restart
-                m = self.t.metrics.c
-                kept = conn.execute(sa.select(sa.func.max(m.step)).where(m.run_id == run_id)).scalar()
-                last_step = max((s for s in (last_step, kept) if s is not None), default=None)
-            values = {
-                "path": str(path),
-                "offset": after.offset,
-                "last_step": last_step,
-                "file_id": after.file_id,
-                "fingerprint": after.fingerprint,
-                "lines": after.lines,
-            }
-            if now is None:
-                conn.execute(mf.insert().values(run_id=run_id, **values))
-            else:
-                conn.execute(mf.update().where(mf.c.run_id == run_id).values(**values))
-        for index, why in parsed.bad:  # after the commit: a line is warned about when it is read, once
-            _log.warning("%s line %d: %s; skipped", path, lines_before + index + 1, why)
+                    self._drop_steps_after(conn, run_id, segment.keep)
+                    last_step = None if segment.keep is None or last_step is None else min(last_step, segment.keep)
+            rows, val_rows = ingest_rows(run_id, segment.records)
+            if rows:
+                self._bulk_upsert(conn, self.t.metrics, rows, replace)
+            if val_rows:
+                self._bulk_upsert(conn, self.t.evals, self._val_evals(conn, run_id, val_rows), replace)
+            count += len(rows)
+            steps = (step for step, _ in segment.records)
+            last_step = max((s for s in (last_step, *steps) if s is not None), default=None)
+        if dropped or parsed.changed:  # steps of an earlier attempt may remain below the restart
+            m = self.t.metrics.c
+            kept = conn.execute(sa.select(sa.func.max(m.step)).where(m.run_id == run_id)).scalar()
+            last_step = max((s for s in (last_step, kept) if s is not None), default=None)
+        values = {
+            "path": str(path),
+            "offset": after.offset,
+            "last_step": last_step,
+            "file_id": after.file_id,
+            "fingerprint": after.fingerprint,
+            "lines": after.lines,
+            "restart_attempt": restarts.applied,
+        }
+        conn.execute(self.t.metric_files.update().where(self.t.metric_files.c.run_id == run_id).values(**values))
         return count
+
+    def _disown_file(self, conn: sa.Connection, run_id: str, path: Path, end: Cursor, how: str) -> None:
+        """A file that no longer matches what the store read, not believed: the store keeps its rows,
+        notes how and when (`changed_files`: `rpg runs` marks the run), and reads on from the file's end."""
+        note = f"{_now():%Y-%m-%d %H:%M} UTC: {how}"[:CHANGED_CHARS]
+        mf = self.t.metric_files
+        values = dict(path=str(path), offset=end.offset, file_id=end.file_id, fingerprint=end.fingerprint)
+        conn.execute(mf.update().where(mf.c.run_id == run_id).values(**values, lines=end.lines, changed=note))
+
+    def _claim_file(self, conn: sa.Connection, run_id: str, state: dict[str, Any] | None) -> bool:
+        """Whether the run's metric_files row is still `state` (None: there is none yet), taken for this
+        transaction in the same statement (the row is locked, or inserted as a placeholder the caller
+        fills in), so no other process can ingest the run until it commits. A check, then a write,
+        would let another process ingest in between (PostgreSQL's READ COMMITTED; there the statement
+        waits for a concurrent holder, then sees what it committed)."""
+        mf = self.t.metric_files
+        if state is None:
+            placeholder = self._insert_new(mf).values(run_id=run_id, path="", offset=0)
+            # an INSERT's row count is the driver's only when asked for (SQLAlchemy: preserve_rowcount)
+            return conn.execute(placeholder, execution_options={"preserve_rowcount": True}).rowcount == 1
+        same = [mf.c[name] == value if value is not None else mf.c[name].is_(None) for name, value in state.items()]
+        return conn.execute(mf.update().where(*same).values(offset=mf.c.offset)).rowcount == 1
 
     def _drop_steps_after(self, conn: sa.Connection, run_id: str, keep: int | None) -> None:
         """A restart: the run's metrics (and validation copies) of steps above `keep` are void."""
@@ -482,22 +613,43 @@ class Store(Queries):
             raise
 
     def _upsert_rows(self, table: sa.Table, rows: Iterable[Mapping[str, Any]]) -> int:
-        rows = [dict(r) for r in rows]
+        """Upsert dict rows in primary-key order: two processes writing overlapping rows (two `rpg eval`
+        of one checkpoint) then lock them in the same order, and wait for each other instead of deadlocking."""
+        keys = [c.name for c in table.primary_key.columns]
+        rows = sorted((dict(r) for r in rows), key=lambda r: tuple(r[k] for k in keys))
         if rows:
             with self._write() as conn:
                 conn.execute(self._upsert(table), rows)
         return len(rows)
 
-    def _bulk_upsert(self, conn: sa.Connection, table: sa.Table, rows: list[tuple[Any, ...]]) -> None:
-        """Upsert rows given as tuples in the table's column order, straight through the driver's
-        executemany: SQLAlchemy's per-row parameter processing would triple the cost of ingestion."""
-        compiled = self._upsert(table).compile(dialect=conn.dialect, column_keys=[c.name for c in table.columns])
+    def _bulk_upsert(
+        self, conn: sa.Connection, table: sa.Table, rows: list[tuple[Any, ...]], replace: bool = True
+    ) -> None:
+        """Upsert rows given as tuples in the table's column order (`replace` False: insert those whose
+        key is new, leave the others), straight through the driver's executemany: SQLAlchemy's per-row
+        parameter processing would triple the cost of ingestion."""
+        statement = self._upsert(table) if replace else self._insert_new(table)
+        compiled = statement.compile(dialect=conn.dialect, column_keys=[c.name for c in table.columns])
         if compiled.positional:
             order = [table.columns.keys().index(name) for name in compiled.positiontup]
             params: list[Any] = rows if order == list(range(len(order))) else [tuple(r[i] for i in order) for r in rows]
         else:
             params = [dict(zip(table.columns.keys(), r)) for r in rows]
         conn.exec_driver_sql(compiled.string, params)
+
+    def _insert_new(self, table: sa.Table) -> Any:
+        """INSERT ... ON CONFLICT DO NOTHING, in the dialect's own words: a row inserted unless one with its
+        primary key exists, in one statement (a check, then an insert, races another process)."""
+        name = self.engine.dialect.name
+        if name in ("sqlite", "postgresql"):
+            if name == "sqlite":
+                from sqlalchemy.dialects.sqlite import insert
+            else:
+                from sqlalchemy.dialects.postgresql import insert
+            return insert(table).on_conflict_do_nothing(index_elements=[c.name for c in table.primary_key.columns])
+        if name in ("mysql", "mariadb"):
+            return table.insert().prefix_with("IGNORE")
+        raise StoreError(f"rpg's store supports SQLite, PostgreSQL and MySQL URLs, not {name!r}; change --db")
 
     def _upsert(self, table: sa.Table) -> Any:
         """INSERT ... ON CONFLICT (primary key) DO UPDATE, in the dialect's own words."""
@@ -628,7 +780,8 @@ def open_store(db_url: str = DEFAULT_DB_URL, create: bool = True) -> Store:
                     f"the results database {path} is at schema version {version} and read-only: open it once with "
                     "write access (e.g. `rpg runs`) to upgrade it"
                 )
-            with store._write() as conn:  # one IMMEDIATE transaction: concurrent openers serialize
+            with store._write() as conn:  # one transaction: concurrent openers serialize
+                _serialize_migrations(conn)
                 migrations.migrate(conn, store.t)
     except sa.exc.DBAPIError as exc:
         engine.dispose()
@@ -639,11 +792,23 @@ def open_store(db_url: str = DEFAULT_DB_URL, create: bool = True) -> Store:
     return store
 
 
+# any fixed number: the PostgreSQL advisory lock that rpg's openers take to create or upgrade the schema
+_MIGRATION_LOCK = 0x7270675F736368  # "rpg_sch"
+
+
+def _serialize_migrations(conn: sa.Connection) -> None:
+    """Make concurrent openers create or upgrade the schema one after the other (migrate reads the version
+    again inside): SQLite's BEGIN IMMEDIATE does it; on PostgreSQL, a lock held to the end of the
+    transaction (two creators' CREATE TABLE would otherwise collide on the catalog: pg_type's key)."""
+    if conn.dialect.name == "postgresql":
+        conn.execute(sa.select(sa.func.pg_advisory_xact_lock(_MIGRATION_LOCK)))
+
+
 def _check_sqlite_files(path: str, create: bool) -> None:
     """The database file and SQLite's own beside it under rundir.py's rule for a shared runs/: never a
     link (a database created or written at a planted path); to write, the user's own and nobody else's
     to write. Reading someone else's file is fine."""
-    for part in (path, f"{path}-wal", f"{path}-shm", f"{path}-journal"):
+    for part in (path, *(f"{path}{suffix}" for suffix in rundir.SQLITE_SIDE_FILES)):
         try:
             info = os.lstat(part)
         except OSError:

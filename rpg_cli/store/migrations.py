@@ -106,8 +106,17 @@ def _to_v3(conn: sa.Connection) -> None:
     conn.exec_driver_sql(f"ALTER TABLE runs ADD COLUMN running_at {kind}")
 
 
+def _to_v4(conn: sa.Connection) -> None:
+    """Version 4: the store is the record (ingest.py). metric_files.restart_attempt, the attempt whose
+    restart line the store applied (NULL for the files read before: the next restart read applies), and
+    metric_files.changed, how and when the file stopped matching what was read (NULL: it never did)."""
+    kinds = {c.name: c.type.compile(dialect=conn.dialect) for c in schema().metric_files.columns}
+    for column in ("restart_attempt", "changed"):
+        conn.exec_driver_sql(f"ALTER TABLE metric_files ADD COLUMN {column} {kinds[column]}")
+
+
 # version -> the upgrade from version - 1
-MIGRATIONS: dict[int, Callable[[sa.Connection], None]] = {2: _to_v2, 3: _to_v3}
+MIGRATIONS: dict[int, Callable[[sa.Connection], None]] = {2: _to_v2, 3: _to_v3, 4: _to_v4}
 LATEST = max(MIGRATIONS, default=1)
 
 

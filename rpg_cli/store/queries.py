@@ -188,6 +188,15 @@ class Queries:
 
     # -- training curves (the plots) ----------------------------------------------------------------
 
+    def changed_files(self, run_ids: Iterable[str]) -> dict[str, str]:
+        """The runs whose metrics.jsonl stopped matching what the store read, and how and when (the last
+        time): the store kept its rows instead of believing the file (ingest.py); `rpg runs` marks them."""
+        mf = self.t.metric_files.c
+        ids = list(run_ids)
+        query = sa.select(mf.run_id, mf.changed).where(mf.run_id.in_(ids), mf.changed.is_not(None))
+        with self.engine.connect() as conn:
+            return {run_id: note for run_id, note in conn.execute(query)} if ids else {}
+
     def logged_keys(self, run_ids: Sequence[str], keys: Iterable[str]) -> set[str]:
         """Which of `keys` any of the runs logged."""
         m = self.t.metrics.c

@@ -6,11 +6,16 @@ runs          id, sweep (the sweep that created it: its directory is under that 
               (naive UTC), error (its tail)
 sweep_runs    (sweep, run): every sweep that lists a run; a run is its spec, shared by the sweeps
 metrics       (run, key, step) -> value: the training metrics of metrics.jsonl, the latest attempt's
-metric_files  how far each run's metrics.jsonl has been read, and which file that was (identity)
+metric_files  how far each run's metrics.jsonl has been read, and which file that was (identity); the
+              attempt whose restart the store last applied, and whether the file stopped matching
+              what was read (ingest.py: the store is the record)
 evals         (run, step, benchmark, metric, k, scorer, protocol) -> value, scorer_version
 samples       (run, step, benchmark, problem, sample_index, scorer, protocol) -> position, extracted,
               correct, length; `problem` is a fingerprint of the prompt and the ground truth
 schema_version  one row: the version of this layout (see migrations.py)
+
+The widths of the columns a job's files fill, and the range of an integer, are ingest.py's limits: what
+it checks every field of those files against before a row is written.
 
 The protocol of a score is how its samples were drawn: n (samples per problem), temperature, top_p,
 max_tokens and seed. It is part of every score's identity, so that scores under different protocols
@@ -25,6 +30,7 @@ from typing import NamedTuple
 import sqlalchemy as sa
 
 from rpg_cli.states import STATUSES
+from rpg_cli.store.ingest import KEY_CHARS, NAME_CHARS, PROBLEM_CHARS
 
 
 class Schema(NamedTuple):
@@ -40,6 +46,7 @@ class Schema(NamedTuple):
 
 
 PROTOCOL = ("n", "temperature", "top_p", "max_tokens", "seed")
+CHANGED_CHARS = 300  # metric_files.changed: one line
 
 
 def protocol_columns() -> list[sa.Column]:
@@ -96,7 +103,7 @@ def schema() -> Schema:
         "metrics",
         md,
         sa.Column("run_id", sa.String(64), run_fk(), primary_key=True),
-        sa.Column("key", sa.String(200), primary_key=True),
+        sa.Column("key", sa.String(KEY_CHARS), primary_key=True),
         sa.Column("step", sa.Integer, primary_key=True),
         sa.Column("value", sa.Float),  # NULL stands for NaN (SQLite cannot store NaN)
         sqlite_with_rowid=False,
@@ -114,29 +121,31 @@ def schema() -> Schema:
         sa.Column("file_id", sa.String(100)),  # NULL: not known (a version 1 row): read again
         sa.Column("fingerprint", sa.String(64)),
         sa.Column("lines", sa.BigInteger),  # lines read, for the line numbers of warnings
+        sa.Column("restart_attempt", sa.Integer),  # the attempt whose restart was applied (v4; NULL: none)
+        sa.Column("changed", sa.String(CHANGED_CHARS)),  # how the file stopped matching, when (v4; NULL: never)
     )
     evals = sa.Table(
         "evals",
         md,
         sa.Column("run_id", sa.String(64), run_fk(), primary_key=True),
         sa.Column("step", sa.Integer, primary_key=True),
-        sa.Column("benchmark", sa.String(100), primary_key=True),
+        sa.Column("benchmark", sa.String(NAME_CHARS), primary_key=True),
         sa.Column("metric", sa.String(16), primary_key=True),  # mean@k | pass@k | maj@k
         sa.Column("k", sa.Integer, primary_key=True),
-        sa.Column("scorer", sa.String(100), primary_key=True),
+        sa.Column("scorer", sa.String(NAME_CHARS), primary_key=True),
         *protocol_columns(),
         sa.Column("value", sa.Float),
-        sa.Column("scorer_version", sa.String(100)),
+        sa.Column("scorer_version", sa.String(NAME_CHARS)),
     )
     samples = sa.Table(
         "samples",
         md,
         sa.Column("run_id", sa.String(64), run_fk(), primary_key=True),
         sa.Column("step", sa.Integer, primary_key=True),
-        sa.Column("benchmark", sa.String(100), primary_key=True),
-        sa.Column("problem", sa.String(64), primary_key=True),  # fingerprint of prompt and ground truth
+        sa.Column("benchmark", sa.String(NAME_CHARS), primary_key=True),
+        sa.Column("problem", sa.String(PROBLEM_CHARS), primary_key=True),  # fingerprint of prompt and ground truth
         sa.Column("sample_index", sa.Integer, primary_key=True),
-        sa.Column("scorer", sa.String(100), primary_key=True),
+        sa.Column("scorer", sa.String(NAME_CHARS), primary_key=True),
         *protocol_columns(),
         sa.Column("position", sa.Integer),  # the problem's index among its benchmark's unique problems
         sa.Column("extracted", sa.Text),  # the extracted answer, NULL when none was found

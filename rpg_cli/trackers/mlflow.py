@@ -15,6 +15,7 @@ from typing import Any
 
 from pydantic import field_validator
 
+from rpg_cli.rundir import MLFLOW_DB
 from rpg_cli.store.url import redact
 from rpg_cli.trackers.base import (
     ExportOptions,
@@ -225,7 +226,7 @@ class Mlflow(Tracker):
         uri = settings.tracking_uri or environ.get("MLFLOW_TRACKING_URI") or ""
         if uri and not settings.tracking_uri:
             _check_env_uri(uri)
-        uri = absolute_uri(uri or f"sqlite:///{Path(runs_root).absolute() / 'mlflow.db'}")
+        uri = absolute_uri(uri or f"sqlite:///{Path(runs_root).absolute() / MLFLOW_DB}")
         return settings.model_copy(update={"tracking_uri": uri})
 
     def verl_env(self, info: RunInfo) -> dict[str, str]:

@@ -10,6 +10,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from rpg_cli.rundir import TENSORBOARD_DIR
 from rpg_cli.trackers.base import ExportOptions, RunInfo, Tracker, TrackerSettings, numbers, write
 
 
@@ -53,7 +54,7 @@ class TensorBoard(Tracker):
         self, settings: TensorBoardSettings, runs_root: Path, environ: Mapping[str, str]
     ) -> TensorBoardSettings:
         """The log root, absolute; default `<runs root>/tensorboard`."""
-        root = Path(settings.dir or Path(runs_root) / "tensorboard").expanduser().absolute()
+        root = Path(settings.dir or Path(runs_root) / TENSORBOARD_DIR).expanduser().absolute()
         return settings.model_copy(update={"dir": str(root)})
 
     def verl_env(self, info: RunInfo) -> dict[str, str]:
