@@ -311,7 +311,7 @@ def test_watch_sweep_renders_progress_and_exits_by_outcome(cluster, tmp_path, ca
     assert "trainer failing on purpose" in out
 
     _watch_sweep(plans[:1], "s4", db, runs_dir=str(cluster["runs"]), detach=True)  # done already: returns
-    assert "submitted; follow with" in capsys.readouterr().out
+    assert "nothing to submit in s4: 1 succeeded" in capsys.readouterr().out
 
 
 # --------------------------------------------------------------------------------- cancel, logs

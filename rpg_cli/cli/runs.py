@@ -49,7 +49,8 @@ def runs_command(
     The reward is the last critic/score/mean logged; the validation accuracy the mean over benchmarks
     of each one's last val-core mean@k. Runs recorded as live are first checked with the Ray cluster
     (a run that finished unwatched shows as finished); when no cluster answers, they are shown as
-    last recorded, marked ?.
+    last recorded, marked ?. A run whose metrics.jsonl was truncated or rewritten after the store read
+    it is marked ! (the store kept what it had read instead of believing the file).
 
     Examples:
 
@@ -78,6 +79,7 @@ def runs_command(
     try:
         stale = reconcile_shown("runs", store, store.runs(sweep=sweep_name), address, runs_dir)
         rows = runs_summary(store, sweep_name, wanted, where or [])
+        changed = store.changed_files(r["id"] for r in rows)  # the marker !
     except ReportError as e:
         fail("runs", e)
     finally:
@@ -97,11 +99,15 @@ def runs_command(
     from rich.table import Table
 
     table = Table(title=f"runs of {sweep_name}" if sweep_name else "runs")
+    longest_name = max(len(r["name"]) for r in rows)
     for field in TABLE_FIELDS:
         table.add_column(
             TABLE_TITLES.get(field, field),
             justify="right" if field in ("seed", "attempts", "step", "reward", "val", "queued_s", "run_s") else "left",
             no_wrap=field not in ("name", "error"),
+            # a name is how a run is referred to: folded over lines on a narrow terminal, never cut or squeezed out
+            overflow="fold" if field == "name" else "ellipsis",
+            min_width=min(longest_name, 24) if field == "name" else None,
         )
     cut = 0
     for r in rows:
@@ -112,7 +118,7 @@ def runs_command(
             r["name"],
             r["id"],
             "-" if r["seed"] is None else str(r["seed"]),
-            status_text(r["status"]) + ("?" if r["id"] in stale else ""),
+            status_text(r["status"]) + ("?" if r["id"] in stale else "") + ("!" if r["id"] in changed else ""),
             str(r["attempts"]),
             "-" if r["step"] is None else str(r["step"]),
             "-" if r["reward"] is None else f"{r['reward']:.4f}",
@@ -123,6 +129,9 @@ def runs_command(
             error.replace("[", r"\["),
         )
     console = make_console()
+    if not console.is_terminal:  # a pipe or a file: every row whole on one line, however long its names
+        unbounded = console.options.update_width(1_000_000)
+        console.width = max(console.width, console.measure(table, options=unbounded).maximum)
     console.print(table)
     counts = {s: sum(r["status"] == s for r in rows) for s in STATUSES}
     console.print(
@@ -131,6 +140,14 @@ def runs_command(
         + (f" ({cut} failure reason(s) cut short: --wide shows them whole)" if cut else ""),
         highlight=False,
     )
+    if changed:
+        console.print(
+            f"! {len(changed)} run(s) whose metrics.jsonl no longer matches what the store read (truncated or "
+            "rewritten): the store kept its rows and did not believe the file: "
+            + "; ".join(f"{r['name']} ({changed[r['id']]})" for r in rows if r["id"] in changed),
+            highlight=False,
+            markup=False,
+        )
 
 
 @rpg_command("logs")
@@ -174,20 +191,37 @@ def cancel_command(
     ref: str = typer.Argument(
         ..., metavar="RUN|SWEEP", help="A run id, id prefix or name, or a sweep name (all its runs)."
     ),
+    lost: bool = typer.Option(
+        False,
+        "--lost",
+        metavar="",
+        help="Also record as stopped the runs whose jobs the cluster does not know because their head was "
+        "stopped or restarted (no job runs for them). Never for runs launched from another --runs-dir, "
+        "cluster or user: those are stopped where they run.",
+    ),
     db: str = db_option(),
     address: str = address_option(),
     runs_dir: str = runs_dir_option(),
 ) -> None:
-    """Stop a run's job, or every unfinished run of a sweep; they are recorded as stopped.
+    """Stop a run's job, or every unfinished run of a sweep; only what was stopped is recorded as stopped.
 
-    The cluster is asked first: a run whose job has already ended is recorded as it ended (a run that
-    succeeded stays succeeded).
+    The cluster (--address, else the local head of --runs-dir) is asked first: a run whose job has
+    already ended is recorded as it ended (a run that succeeded stays succeeded). A run whose job that
+    cluster cannot be reached for or does not know (launched from another directory, cluster or user)
+    is not recorded: the command names the cluster and exits 2. A sweep's live Slurm job (`rpg slurm`) is
+    cancelled first; its runs ran on its Ray and are recorded stopped with it.
+
+    Examples:
+
+      rpg cancel my-sweep
+      rpg cancel rpg-urkl-1234abcd --address http://head:8265
+      rpg cancel my-sweep --lost    # after `rpg stop --force`: no job runs
     """
     from pathlib import Path
 
     from rpg_cli.orchestration.head import ClusterError
     from rpg_cli.orchestration.slurm import SlurmError, cancel_job
-    from rpg_cli.orchestration.sweep import cancel
+    from rpg_cli.orchestration.sweep import NotOnClusterError, cancel
     from rpg_cli.store import StoreError
 
     try:  # a sweep's Slurm job (`rpg slurm`) first: then nothing restarts its runs
@@ -196,8 +230,13 @@ def cancel_command(
         fail("cancel", e)
     if slurm:
         typer.echo(slurm)
-    try:
-        done = cancel(ref, db, address=address, runs_dir=Path(runs_dir))
+    try:  # the Slurm job's Ray, and every job on it, ends with it: its runs are recorded stopped
+        done = cancel(ref, db, address=address, runs_dir=Path(runs_dir), lost=lost or slurm is not None)
+    except NotOnClusterError as e:
+        ended = _ended_slurm_job(Path(runs_dir), ref)
+        fail(
+            "cancel", ClusterError(f"{e}; the sweep's Slurm job {ended} has ended, and its Ray with it") if ended else e
+        )
     except (ClusterError, StoreError) as e:
         if slurm and isinstance(e, StoreError):  # a job cancelled while queued: no run recorded yet
             return
@@ -210,8 +249,27 @@ def cancel_command(
         )
     if done.stopped:
         typer.echo(f"stopped {len(done.stopped)} run(s): " + ", ".join(r.name for r in done.stopped))
-    elif not done.finished:
+    elif not done.finished and not done.unconfirmed:
         typer.echo(f"rpg cancel: nothing to stop: every run of {ref!r} has finished")
+    if done.unconfirmed:
+        names = ", ".join(r.name for r in done.unconfirmed)
+        fail(
+            "cancel",
+            ClusterError(
+                f"Ray did not stop {len(done.unconfirmed)} run(s): {names}; they are recorded as they were: run "
+                "the same command again (`rpg logs RUN` shows their jobs)"
+            ),
+        )
+
+
+def _ended_slurm_job(runs_dir, ref: str) -> str | None:
+    """The sweep's last Slurm job when it has ended (None when unknown): a hint, never a reason to record."""
+    from rpg_cli.orchestration.slurm import SlurmError, ended_job
+
+    try:
+        return ended_job(runs_dir, ref)
+    except (SlurmError, OSError, ValueError):
+        return None
 
 
 @rpg_command("stop")

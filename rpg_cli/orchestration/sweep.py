@@ -13,7 +13,7 @@ import contextlib
 import os
 import time
 from collections.abc import Callable, Iterable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -213,7 +213,7 @@ def _launch(
     if run.status == "pending" and run.submission_id and run.submission_id not in jobs:
         submission_id = run.submission_id  # the intent was recorded, the submission never reached Ray
     else:  # never submitted, lost with a restarted cluster, or a retry
-        _, submission_id = store.begin_attempt(plan.id)
+        _, submission_id = store.begin_attempt(plan.id, after=run.attempts)
     _submit(client, store, plan, submission_id)
 
 
@@ -344,11 +344,16 @@ def _sync_known(
 
 @dataclass(frozen=True)
 class Cancelled:
-    stopped: list[RunRecord]  # stopped now
+    stopped: list[RunRecord]  # stopped now (or, never submitted, kept from being submitted)
     finished: list[RunRecord]  # had ended before they could be stopped: recorded as Ray says
+    unconfirmed: list[RunRecord] = field(default_factory=list)  # Ray would not stop them: left as they were
 
 
 CANCELLED = "cancelled with `rpg cancel`"
+
+
+class NotOnClusterError(ClusterError):
+    """Runs `rpg cancel` was asked to stop whose jobs the cluster it can reach does not know; one line."""
 
 
 def cancel(
@@ -357,13 +362,19 @@ def cancel(
     address: str | None = None,
     runs_dir: Path = DEFAULT_RUNS_DIR,
     wait_s: float = 20.0,
+    lost: bool = False,
 ) -> Cancelled:
     """Stop the unfinished runs that `ref` names (run id, id prefix, run name or sweep).
 
-    Ray is asked first (one list_jobs): a run whose job has ended keeps what it became (a run that
-    succeeded stays succeeded). The others' jobs are stopped and followed for up to `wait_s` until Ray
-    confirms; a job Ray does not know is recorded as stopped at once. A terminal state is never
-    rewritten, even by a watcher that records one in between.
+    The store records only what rpg stopped. Ray is asked first (one list_jobs on the cluster at
+    `address`, else on the local head of `runs_dir`): a run whose job has ended keeps what it became (a
+    run that succeeded stays succeeded); the others' jobs are stopped and followed for up to `wait_s`
+    until Ray confirms. A run never submitted has no job: recording it stopped is what keeps a sweep
+    from submitting it. A run whose job the cluster does not know was launched elsewhere (another
+    --runs-dir, cluster or user) or lost with its head: ClusterError naming the cluster, and nothing is
+    stopped or recorded, unless `lost` (the caller knows their head is gone: `rpg cancel --lost`, or
+    `rpg cancel` just cancelled the sweep's Slurm job, whose Ray ran them). A run whose directory
+    belongs to another user is theirs to stop. A terminal state is never rewritten, even by a watcher that records one in between.
     """
     store = open_store(db_url, create=False)
     try:
@@ -371,43 +382,139 @@ def cancel(
         if not runs:
             raise StoreError(f"no run or sweep {ref!r} in the store; `rpg runs` lists them")
         unfinished = [r for r in runs if r.status not in TERMINAL]
-        client = connect(address, runs_dir, start=False) if unfinished else None
-        jobs = ray_jobs(client) if client is not None else {}
+        _refuse_others_runs(unfinished)
+        submitted = [r for r in unfinished if r.submission_id]
+        client, where = _cancel_client(address, runs_dir) if submitted else (None, "")
+        jobs = _cluster_jobs(client, where) if client is not None else {}
+        unknown = [r for r in submitted if r.submission_id not in jobs]
+        if unknown and not lost:
+            raise NotOnClusterError(_not_on_cluster(ref, unknown, len(unfinished), where, client is None))
         stopped: list[RunRecord] = []
         finished: list[RunRecord] = []
-        stopping: list[RunRecord] = []
+        stopping: dict[str, RunRecord] = {}
         for run in unfinished:
             job = jobs.get(run.submission_id) if run.submission_id else None
-            if job is not None and run_state(job.status) in TERMINAL:
+            if job is None:  # never submitted, or (with `lost`) no job runs for it: nothing to stop
+                if _record_stopped(store, run):
+                    stopped.append(run)
+            elif run_state(job.status) in TERMINAL:
                 _sync(client, store, run, job)
                 finished.append(run)
-            elif job is not None:
-                with contextlib.suppress(RuntimeError):  # ended in between: the follow-up below sees it
-                    client.stop_job(run.submission_id)
-                stopping.append(run)
-            elif _record_stopped(store, run):  # never reached this cluster: nothing to stop
-                stopped.append(run)
-        deadline = time.monotonic() + wait_s
-        while stopping:
-            for run in list(stopping):
-                job = client.get_job_info(run.submission_id)
-                if run_state(job.status) in TERMINAL:
-                    stopping.remove(run)
-                    state = _sync(client, store, run, job, stopped_why=CANCELLED)
-                    (stopped if state == "stopped" else finished).append(run)
-            if stopping and time.monotonic() > deadline:  # Ray stops it in the end; rpg records it now
-                for run in stopping:
-                    _save_log(client, run)
-                    if _record_stopped(store, run):
-                        stopped.append(run)
-                break
-            time.sleep(0.2)
-        return Cancelled(stopped, finished)
+            else:
+                stopping[run.id] = run
+        return _stop_jobs(client, store, stopping, where, wait_s, Cancelled(stopped, finished))
     finally:
         store.close()
 
 
+def _refuse_others_runs(runs: list[RunRecord]) -> None:
+    """ClusterError (one line) when a run's directory belongs to another user: they launched it, on their
+    head with their token; a shared store does not make it this user's to stop."""
+    me = os.geteuid()
+    theirs = []
+    for run in runs:
+        with contextlib.suppress(OSError):  # no directory here (another machine, an old rpg): nothing to say
+            if (uid := os.stat(run.run_dir).st_uid) != me:
+                theirs.append((run, uid))
+    if theirs:
+        names = ", ".join(f"{run.name} (uid {uid})" for run, uid in theirs[:3]) + (", ..." if len(theirs) > 3 else "")
+        raise ClusterError(
+            f"{len(theirs)} run(s) were launched by another user: {names}; nothing was stopped or recorded: "
+            f"they are theirs to stop (their head, their token), or cancel only your own runs by name"
+        )
+
+
+def _cancel_client(address: str | None, runs_dir: Path) -> tuple[JobSubmissionClient | None, str]:
+    """The client of the cluster the runs were submitted to, as far as rpg can tell, and that cluster in
+    words (None: no local head runs in `runs_dir`); ClusterError when it cannot be reached."""
+    address = address or os.environ.get("RAY_ADDRESS")
+    where = f"the Ray cluster at {address}" if address else f"the local Ray head in {Path(runs_dir).resolve()}/ray"
+    try:
+        return connect(address, runs_dir, start=False), where
+    except OSError as exc:  # another user's runs/ray: not even its files can be read
+        raise ClusterError(f"cannot reach {where} ({one_line(exc)}); nothing was stopped or recorded") from None
+
+
+def _cluster_jobs(client: JobSubmissionClient, where: str) -> dict[str, JobDetails]:
+    try:
+        return ray_jobs(client)
+    except (RuntimeError, OSError) as exc:  # the head went away, or refused the listing
+        raise ClusterError(
+            f"{where} did not list its jobs ({one_line(exc)}); nothing was stopped or recorded"
+        ) from None
+
+
+def _not_on_cluster(ref: str, unknown: list[RunRecord], unfinished: int, where: str, no_head: bool) -> str:
+    """The one line for runs rpg cannot find on the cluster it can reach: which, where, and the fixes."""
+    names = ", ".join(r.name for r in unknown[:3]) + (", ..." if len(unknown) > 3 else "")
+    why = f"were submitted to a Ray cluster, and {where} is not running" if no_head else f"are not on {where}"
+    return (
+        f"{len(unknown)} of {unfinished} unfinished run(s) of {ref!r} ({names}) {why}; nothing was stopped or "
+        "recorded: cancel them where they were launched (with their cluster's --runs-dir, or --address and its "
+        "token; another user's runs are theirs to stop), or pass --lost if their head is gone and no job runs for them"
+    )
+
+
+def _stop_jobs(
+    client: JobSubmissionClient | None,
+    store: Store,
+    stopping: dict[str, RunRecord],
+    where: str,
+    wait_s: float,
+    done: Cancelled,
+) -> Cancelled:
+    """Ask Ray to stop the jobs of `stopping` and record each as Ray confirms it (stopped, or what it
+    ended as in between). A job Ray accepted to stop but has not ended after `wait_s` is recorded
+    stopped (Ray ends it: SIGTERM, then SIGKILL); one Ray would not stop is left as it was."""
+    if not stopping:
+        return done
+    assert client is not None
+    accepted = {run.id for run in stopping.values() if _ask_to_stop(client, run, where)}
+    deadline = time.monotonic() + wait_s
+    while stopping:
+        for run in list(stopping.values()):
+            job = _job_info(client, run, where)
+            if run_state(job.status) in TERMINAL:
+                del stopping[run.id]
+                state = _sync(client, store, run, job, stopped_why=CANCELLED)
+                (done.stopped if state == "stopped" else done.finished).append(run)
+        if stopping and time.monotonic() > deadline:
+            for run in stopping.values():
+                if run.id not in accepted:
+                    done.unconfirmed.append(run)
+                    continue
+                _save_log(client, run)
+                if _record_stopped(store, run):
+                    done.stopped.append(run)
+            break
+        time.sleep(0.2)
+    return done
+
+
+def _ask_to_stop(client: JobSubmissionClient, run: RunRecord, where: str) -> bool:
+    """Whether Ray took the request to stop the run's job (False: it had ended, or Ray refused)."""
+    try:
+        return bool(client.stop_job(run.submission_id))
+    except RuntimeError:  # ended and gone in between, or refused: the follow-up sees which
+        return False
+    except OSError as exc:
+        raise ClusterError(
+            f"lost {where} while stopping {run.name} ({one_line(exc)}); run the same command again"
+        ) from None
+
+
+def _job_info(client: JobSubmissionClient, run: RunRecord, where: str) -> JobDetails:
+    try:
+        return client.get_job_info(run.submission_id)
+    except (RuntimeError, OSError) as exc:  # the head went away while its jobs were being stopped
+        raise ClusterError(
+            f"lost {where} while stopping {run.name} ({one_line(exc)}); what was not confirmed stopped is "
+            "recorded as it was: run the same command again"
+        ) from None
+
+
 def _record_stopped(store: Store, run: RunRecord) -> bool:
+    """Record a run stopped by `rpg cancel` (its last metrics first), unless it reached a terminal state."""
     store.ingest_metrics(run.id, run.metrics_path)
     return store.set_status(run.id, "stopped", error=CANCELLED, unless_terminal=True)
 

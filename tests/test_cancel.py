@@ -1,0 +1,463 @@
+"""`rpg cancel` records only what it stopped (issue 35, class 3). A run whose job rpg cannot reach is not a
+stopped run: from another directory (no local head there), against an unreachable --address, or a run
+another user launched (another head, or a directory of theirs), the command names the cluster in one
+line, exits 2, stops nothing and records nothing (not even the run's metrics). What it can reach it
+stops, and records as Ray confirms. `--lost` and a cancelled Slurm job are the two ways a run whose
+head is gone is recorded stopped.
+
+The cluster is a stand-in for a Ray head (`FakeRay`: the Jobs API over HTTP on 127.0.0.1, behind a
+token) that Ray's own JobSubmissionClient talks to, installed as the local head of a runs directory as
+rpg records one; the store is real (SQLite, and the suite's PostgreSQL where the store is shared). One
+slow test does the same against a real local Ray head."""
+
+from __future__ import annotations
+
+import json
+import os
+import secrets
+import socket
+import sys
+import threading
+import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+pytest.importorskip("ray.job_submission", reason="rpg cancel talks to Ray's Jobs API")
+
+from rpg_cli.cli import app  # noqa: E402
+from rpg_cli.orchestration.plan import RunPlan  # noqa: E402
+from rpg_cli.store import open_store, run_states  # noqa: E402
+
+OTHER_UID = 54321  # a second local user, simulated by chown (root only)
+METRICS = "".join(f'{{"step": {s}, "data": {{"critic/score/mean": 0.5}}}}\n' for s in range(1, 4))
+
+
+# ------------------------------------------------------------------------------ a stand-in Ray head
+
+
+class FakeRay:
+    """Ray's Jobs API as JobSubmissionClient uses it (version, list, info, stop, logs) on 127.0.0.1, every
+    request checked for the token. `jobs`: submission id -> Ray status; `stubborn`: ids whose stop Ray
+    refuses; `stops`: the ids it was asked to stop, in order. Stopped by `close`."""
+
+    def __init__(self, jobs: dict[str, str] | None = None, token: str | None = None):
+        import ray
+
+        self.jobs = dict(jobs or {})
+        self.stubborn: set[str] = set()
+        self.stops: list[str] = []
+        self.token = token or secrets.token_hex(16)
+        fake = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def log_message(self, *args) -> None:  # quiet
+                pass
+
+            def answer(self, code: int, body: object) -> None:
+                data = json.dumps(body).encode()
+                self.send_response(code)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data)
+
+            def authorized(self) -> bool:
+                if self.headers.get("Authorization") == f"Bearer {fake.token}":
+                    return True
+                self.answer(401, {"error": "no token"})
+                return False
+
+            def do_GET(self) -> None:
+                if not self.authorized():
+                    return
+                path = self.path.rstrip("/")
+                if path == "/api/version":
+                    self.answer(200, {"version": "5", "ray_version": ray.__version__, "ray_commit": "fake"})
+                elif path == "/api/jobs":
+                    self.answer(200, [fake.details(j) for j in fake.jobs])
+                elif path.startswith("/api/jobs/") and path.endswith("/logs"):
+                    self.answer(200, {"logs": "the job's output\n"})
+                elif path.startswith("/api/jobs/") and path.removeprefix("/api/jobs/") in fake.jobs:
+                    self.answer(200, fake.details(path.removeprefix("/api/jobs/")))
+                else:
+                    self.answer(404, {"error": "not found"})
+
+            def do_POST(self) -> None:
+                if not self.authorized():
+                    return
+                job = self.path.removeprefix("/api/jobs/").removesuffix("/stop")
+                if not self.path.endswith("/stop") or job not in fake.jobs:
+                    self.answer(404, {"error": f"Job {job} does not exist"})
+                    return
+                fake.stops.append(job)
+                live = fake.jobs[job] in ("PENDING", "RUNNING")
+                if live and job not in fake.stubborn:
+                    fake.jobs[job] = "STOPPED"
+                self.answer(200, {"stopped": live and job not in fake.stubborn})
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
+        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+        self.thread.start()
+
+    def details(self, job: str) -> dict:
+        status = self.jobs[job]
+        now = int(time.time() * 1000)
+        return {
+            "type": "SUBMISSION",
+            "submission_id": job,
+            "status": status,
+            "entrypoint": "python -m trainer",
+            "message": f"Job {status.lower()}",
+            "start_time": now - 60_000,
+            "end_time": now if status not in ("PENDING", "RUNNING") else None,
+            "metadata": {},
+            "runtime_env": {},
+        }
+
+    def install_as_local_head(self, runs_dir: Path) -> None:
+        """Record this server as the local head of `runs_dir`, as rpg records the one it starts."""
+        head_dir = runs_dir.resolve() / "ray"
+        head_dir.mkdir(parents=True, mode=0o700, exist_ok=True)
+        (head_dir / "auth_token").write_text(self.token)
+        (head_dir / "auth_token").chmod(0o600)
+        head = {
+            "dashboard_url": self.url,
+            "gcs_address": "127.0.0.1:1",
+            "temp_dir": str(head_dir / "no-such-ray-temp-dir"),  # no process has it: nothing is ever killed
+            "pgid": 2**22 + 1,
+            "host": socket.gethostname(),
+            "token_file": str(head_dir / "auth_token"),
+        }
+        (head_dir / "head.json").write_text(json.dumps(head))
+        (head_dir / "head.json").chmod(0o600)
+
+    def close(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+
+@pytest.fixture
+def fake_ray():
+    servers: list[FakeRay] = []
+
+    def start(jobs: dict[str, str] | None = None) -> FakeRay:
+        servers.append(FakeRay(jobs))
+        return servers[-1]
+
+    yield start
+    for server in servers:
+        server.close()
+
+
+# ------------------------------------------------------------------------------------------- store
+
+
+def record_runs(db: str, runs_root: Path, runs: dict[str, str | None], sweep: str = "sw") -> dict[str, RunPlan]:
+    """Runs {name: status} of one sweep, each submitted once as its own id (None: recorded, never
+    submitted), each with a run directory holding three lines of metrics.jsonl."""
+    store = open_store(db)
+    plans = {}
+    try:
+        for name, status in runs.items():
+            plan = RunPlan(f"id-{name}", name, sweep, "local", {"seed": 0}, runs_root / sweep / name, ["true"])
+            store.record_plans([plan], sweep)
+            plan.run_dir.mkdir(parents=True, exist_ok=True)
+            (plan.run_dir / "metrics.jsonl").write_text(METRICS)
+            if status is not None:
+                store.begin_attempt(plan.id)
+                store.set_status(plan.id, status, submission_id=plan.id)
+            plans[name] = plan
+    finally:
+        store.close()
+    return plans
+
+
+def recorded(db: str, plans: dict[str, RunPlan]) -> dict[str, tuple[str, str | None, int]]:
+    """{name: (status, error, steps of metrics)} as the store has them."""
+    store = open_store(db, create=False)
+    try:
+        out = {}
+        for name, plan in plans.items():
+            run = store.run(plan.id)
+            out[name] = (run.status, run.error, len(store.run_history(plan.id)[0]))
+        return out
+    finally:
+        store.close()
+
+
+def cancel(*args: str, cwd: Path | None = None):
+    runner = CliRunner()
+    if cwd is None:
+        return runner.invoke(app, ["cancel", *args])
+    old = Path.cwd()
+    os.chdir(cwd)
+    try:
+        return runner.invoke(app, ["cancel", *args])
+    finally:
+        os.chdir(old)
+
+
+def one_line(result) -> str:
+    assert result.exception is None or isinstance(result.exception, SystemExit), result.exception
+    lines = result.output.strip().splitlines()
+    assert len(lines) == 1, result.output
+    return lines[0]
+
+
+# ------------------------------------------------------------------- a cluster rpg cannot reach
+
+
+def test_cancel_from_another_directory_records_nothing_and_names_the_missing_head(db_url, tmp_path, fake_ray):
+    """The issue's case: the sweep was launched from one directory (its local head runs there), `rpg cancel`
+    is run from another, against the same (shared) store: no head there, so nothing can be stopped."""
+    launched = tmp_path / "project"
+    ray = fake_ray({"id-a": "RUNNING", "id-b": "PENDING"})
+    ray.install_as_local_head(launched / "runs")
+    plans = record_runs(db_url, launched / "runs", {"a": "running", "b": "submitted"})
+    before = recorded(db_url, plans)
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+
+    result = cancel("sw", "--db", db_url, cwd=elsewhere)
+    assert result.exit_code == 2
+    line = one_line(result)
+    assert line.startswith("rpg cancel: 2 of 2 unfinished run(s) of 'sw' (a, b) were submitted to a Ray cluster")
+    assert f"the local Ray head in {elsewhere.resolve()}/runs/ray is not running" in line
+    assert "nothing was stopped or recorded" in line and "--lost" in line
+    assert recorded(db_url, plans) == before == {"a": ("running", None, 0), "b": ("submitted", None, 0)}
+    assert ray.stops == [] and ray.jobs == {"id-a": "RUNNING", "id-b": "PENDING"}
+
+    # from where they were launched, the same command stops both, and records them with their metrics
+    result = cancel("sw", "--db", db_url, cwd=launched)
+    assert result.exit_code == 0, result.output
+    assert "stopped 2 run(s): a, b" in result.output
+    assert sorted(ray.stops) == ["id-a", "id-b"]
+    assert recorded(db_url, plans) == {n: ("stopped", "cancelled with `rpg cancel`", 3) for n in ("a", "b")}
+
+
+def test_an_unreachable_address_records_nothing_and_names_it(db_url, tmp_path):
+    dead = "http://127.0.0.1:9"  # the discard port: nothing listens
+    plans = record_runs(db_url, tmp_path / "runs", {"a": "running", "never": None})
+    result = cancel("sw", "--db", db_url, "--address", dead, "--runs-dir", str(tmp_path / "runs"))
+    assert result.exit_code == 2
+    assert f"cannot reach the Ray cluster at {dead}" in one_line(result)
+    # the run never submitted is not recorded either: the command did nothing
+    assert recorded(db_url, plans) == {"a": ("running", None, 0), "never": ("pending", None, 0)}
+
+
+def test_a_head_that_answers_but_does_not_know_the_jobs_is_not_where_they_run(db_url, tmp_path, fake_ray):
+    """Another user's run, or one from another cluster, in a shared store: the head this user reaches
+    (their own, by --runs-dir, or --address with its token) does not know its job. Refused as a whole:
+    the job that is this user's is not stopped either, until asked for by itself."""
+    runs = tmp_path / "runs"
+    ray = fake_ray({"id-mine": "RUNNING", "id-done": "SUCCEEDED"})
+    ray.install_as_local_head(runs)
+    plans = record_runs(db_url, runs, {"mine": "running", "theirs": "running", "done": "running"})
+    common = ["--db", db_url, "--runs-dir", str(runs)]
+
+    result = cancel("sw", *common)
+    assert result.exit_code == 2
+    line = one_line(result)
+    assert "1 of 3 unfinished run(s) of 'sw' (theirs) are not on the local Ray head in" in line
+    assert f"{runs.resolve()}/ray" in line and "another user's runs are theirs to stop" in line
+    assert ray.stops == [] and recorded(db_url, plans) == {n: ("running", None, 0) for n in plans}
+
+    result = cancel("theirs", *common)
+    assert result.exit_code == 2 and "(theirs) are not on the local Ray head" in one_line(result)
+
+    result = cancel("mine", *common)
+    assert result.exit_code == 0 and "stopped 1 run(s): mine" in result.output, result.output
+    result = cancel("done", *common)
+    assert result.exit_code == 0 and "1 run(s) had already ended: done" in result.output, result.output
+    assert ray.stops == ["id-mine"]
+    assert recorded(db_url, plans) == {
+        "mine": ("stopped", "cancelled with `rpg cancel`", 3),
+        "theirs": ("running", None, 0),
+        "done": ("succeeded", None, 3),
+    }
+
+
+def test_an_address_that_does_not_know_the_job_is_refused_too(tmp_path, fake_ray, monkeypatch):
+    ray = fake_ray({"id-mine": "RUNNING"})
+    monkeypatch.setenv("RAY_AUTH_TOKEN", ray.token)
+    db = f"sqlite:///{tmp_path / 'results.db'}"
+    plans = record_runs(db, tmp_path / "runs", {"elsewhere": "submitted"})
+    result = cancel("elsewhere", "--db", db, "--address", ray.url, "--runs-dir", str(tmp_path / "runs"))
+    assert result.exit_code == 2
+    assert f"(elsewhere) are not on the Ray cluster at {ray.url}; nothing was stopped" in one_line(result)
+    assert recorded(db, plans) == {"elsewhere": ("submitted", None, 0)} and ray.stops == []
+
+
+def test_a_run_whose_directory_is_another_users_is_theirs_to_stop(tmp_path, fake_ray):
+    """Even when this user's head knows the job (a shared cluster and token), and even with --lost."""
+    runs = tmp_path / "runs"
+    ray = fake_ray({"id-theirs": "RUNNING"})
+    ray.install_as_local_head(runs)
+    db = f"sqlite:///{tmp_path / 'results.db'}"
+    plans = record_runs(db, runs, {"theirs": "running", "never": None})
+    try:
+        os.chown(plans["theirs"].run_dir, OTHER_UID, -1)
+    except PermissionError:
+        pytest.skip("simulating a second user needs chown (root)")
+    for extra in ([], ["--lost"]):
+        result = cancel("sw", "--db", db, "--runs-dir", str(runs), *extra)
+        assert result.exit_code == 2
+        line = one_line(result)
+        assert f"1 run(s) were launched by another user: theirs (uid {OTHER_UID})" in line
+        assert "nothing was stopped or recorded" in line
+    assert ray.stops == [] and recorded(db, plans) == {"theirs": ("running", None, 0), "never": ("pending", None, 0)}
+
+
+def test_another_users_head_directory_is_one_line_and_nothing_recorded(tmp_path, fake_ray):
+    runs = tmp_path / "runs"
+    fake_ray({"id-a": "RUNNING"}).install_as_local_head(runs)
+    try:
+        os.chown(runs / "ray" / "head.json", OTHER_UID, -1)
+    except PermissionError:
+        pytest.skip("simulating a second user needs chown (root)")
+    db = f"sqlite:///{tmp_path / 'results.db'}"
+    plans = record_runs(db, runs, {"a": "running"})
+    result = cancel("a", "--db", db, "--runs-dir", str(runs))
+    assert result.exit_code == 2 and f"belongs to uid {OTHER_UID}, not to you" in one_line(result)
+    assert recorded(db, plans) == {"a": ("running", None, 0)}
+
+
+# ---------------------------------------------------------------- what rpg may record as stopped
+
+
+def test_lost_records_runs_whose_head_is_gone(tmp_path, fake_ray):
+    """After `rpg stop --force` (no head: no job runs), --lost says so; a new head that does not know
+    them is the same. Never-submitted runs need no cluster at all."""
+    runs = tmp_path / "runs"
+    db = f"sqlite:///{tmp_path / 'results.db'}"
+    plans = record_runs(db, runs, {"a": "running", "b": "submitted", "never": None})
+    assert cancel("sw", "--db", db, "--runs-dir", str(runs)).exit_code == 2
+    result = cancel("sw", "--db", db, "--runs-dir", str(runs), "--lost")
+    assert result.exit_code == 0, result.output
+    assert "stopped 3 run(s): a, b, never" in result.output
+    assert recorded(db, plans) == {n: ("stopped", "cancelled with `rpg cancel`", 3) for n in plans}
+
+    more = record_runs(db, runs, {"c": "running"}, sweep="s2")
+    fake_ray({}).install_as_local_head(runs)  # a new head, which never saw c's job
+    assert cancel("c", "--db", db, "--runs-dir", str(runs)).exit_code == 2
+    assert cancel("c", "--db", db, "--runs-dir", str(runs), "--lost").exit_code == 0
+    assert recorded(db, more)["c"][0] == "stopped"
+
+
+def test_never_submitted_runs_are_recorded_stopped_without_a_cluster(tmp_path):
+    """No job exists for them anywhere: recording them stopped is what keeps `rpg sweep` from submitting."""
+    db = f"sqlite:///{tmp_path / 'results.db'}"
+    plans = record_runs(db, tmp_path / "runs", {"p": None})
+    result = cancel("p", "--db", db, "--address", "http://127.0.0.1:9", "--runs-dir", str(tmp_path / "runs"))
+    assert result.exit_code == 0 and "stopped 1 run(s): p" in result.output, result.output
+    assert recorded(db, plans) == {"p": ("stopped", "cancelled with `rpg cancel`", 3)}
+
+
+def test_a_job_ray_will_not_stop_is_left_as_it_was(tmp_path, fake_ray):
+    from rpg_cli.orchestration.sweep import cancel as cancel_runs
+
+    runs = tmp_path / "runs"
+    ray = fake_ray({"id-a": "RUNNING", "id-b": "RUNNING"})
+    ray.stubborn.add("id-b")
+    ray.install_as_local_head(runs)
+    db = f"sqlite:///{tmp_path / 'results.db'}"
+    plans = record_runs(db, runs, {"a": "running", "b": "running"})
+    done = cancel_runs("sw", db, runs_dir=runs, wait_s=0.5)
+    assert [r.name for r in done.stopped] == ["a"] and [r.name for r in done.unconfirmed] == ["b"]
+    assert recorded(db, plans) == {"a": ("stopped", "cancelled with `rpg cancel`", 3), "b": ("running", None, 0)}
+
+
+# ------------------------------------------------------------------------------------------- Slurm
+
+
+def _fake_slurm(work: Path, squeue: str) -> Path:
+    """squeue printing `squeue`, scancel logging its arguments; the sweep's recorded Slurm job 4242."""
+    calls = work / "scancel.calls"
+    (work / "bin").mkdir(exist_ok=True)
+    for name, body in (("squeue", squeue), ("scancel", f'echo "$@" >> {calls}')):
+        (work / "bin" / name).write_text(f"#!/bin/sh\n{body}\n")
+        (work / "bin" / name).chmod(0o755)
+    slurm = work / "runs" / "sw" / "slurm"
+    slurm.mkdir(parents=True, mode=0o700)
+    (slurm / "job_id").write_text("4242\n")
+    (slurm / "job_id").chmod(0o600)
+    return calls
+
+
+def test_cancelling_the_sweeps_slurm_job_records_its_runs_stopped(tmp_path, monkeypatch):
+    """Their Ray is the Slurm job's (on its nodes, unreachable from here) and ends with it."""
+    calls = _fake_slurm(tmp_path, "echo RUNNING")
+    monkeypatch.setenv("PATH", f"{tmp_path / 'bin'}:{os.environ['PATH']}")
+    db = f"sqlite:///{tmp_path / 'results.db'}"
+    plans = record_runs(db, tmp_path / "runs", {"a": "running", "b": "submitted"})
+    result = cancel("sw", "--db", db, "--runs-dir", str(tmp_path / "runs"))
+    assert result.exit_code == 0, result.output
+    assert "cancelled Slurm job 4242 (running)" in result.output and "stopped 2 run(s): a, b" in result.output
+    assert calls.read_text().split() == ["4242"]
+    assert recorded(db, plans) == {n: ("stopped", "cancelled with `rpg cancel`", 3) for n in plans}
+
+
+@pytest.mark.parametrize(
+    "squeue",
+    ['echo "slurm_load_jobs error: Invalid job id specified" >&2; exit 1', "exit 0"],  # both Slurm's ways
+)
+def test_an_ended_slurm_job_is_a_hint_not_a_stop(tmp_path, monkeypatch, squeue):
+    calls = _fake_slurm(tmp_path, squeue)
+    monkeypatch.setenv("PATH", f"{tmp_path / 'bin'}:{os.environ['PATH']}")
+    db = f"sqlite:///{tmp_path / 'results.db'}"
+    plans = record_runs(db, tmp_path / "runs", {"a": "running"})
+    result = cancel("sw", "--db", db, "--runs-dir", str(tmp_path / "runs"))
+    assert result.exit_code == 2
+    line = one_line(result)
+    assert "pass --lost if their head is gone" in line and "the sweep's Slurm job 4242 has ended" in line
+    assert not calls.exists() and recorded(db, plans) == {"a": ("running", None, 0)}
+
+
+def test_slurm_that_does_not_answer_gives_no_hint(tmp_path, monkeypatch):
+    _fake_slurm(tmp_path, 'echo "slurm_load_jobs error: Unable to contact slurm controller" >&2; exit 1')
+    monkeypatch.setenv("PATH", f"{tmp_path / 'bin'}:{os.environ['PATH']}")
+    db = f"sqlite:///{tmp_path / 'results.db'}"
+    record_runs(db, tmp_path / "runs", {"a": "running"})
+    result = cancel("sw", "--db", db, "--runs-dir", str(tmp_path / "runs"))
+    assert result.exit_code == 2 and "Slurm job" not in one_line(result)
+
+
+# ---------------------------------------------------------------------------- a real local Ray head
+
+
+@pytest.mark.slow
+def test_a_run_the_real_head_does_not_know_is_refused_and_its_own_job_keeps_running(tmp_path):
+    """A real local head with one job of this user's; a run recorded by another user (another head): the
+    sweep's cancel is refused and stops nothing; the run of this user's is then stopped by name."""
+    pytest.importorskip("psutil")
+    from rpg_cli.orchestration.head import connect, stop_local_head
+    from rpg_cli.orchestration.submit import submit
+
+    runs = tmp_path / "runs"
+    db = f"sqlite:///{tmp_path / 'results.db'}"
+    plans = record_runs(db, runs, {"mine": "running", "theirs": "running"})
+    try:
+        client = connect(runs_dir=runs)
+        submit(client, [sys.executable, "-c", "import time; time.sleep(600)"], "id-mine", num_cpus=0.1)
+        deadline = time.monotonic() + 120
+        while str(client.get_job_status("id-mine")) != "RUNNING":
+            assert time.monotonic() < deadline, "the job did not start"
+            time.sleep(0.5)
+        result = cancel("sw", "--db", db, "--runs-dir", str(runs))
+        assert result.exit_code == 2 and "(theirs) are not on the local Ray head" in one_line(result)
+        assert str(client.get_job_status("id-mine")) == "RUNNING"
+        assert run_states(db, ["id-mine", "id-theirs"]) == {"id-mine": "running", "id-theirs": "running"}
+
+        result = cancel("mine", "--db", db, "--runs-dir", str(runs))
+        assert result.exit_code == 0 and "stopped 1 run(s): mine" in result.output, result.output
+        assert str(client.get_job_status("id-mine")) == "STOPPED"
+        assert recorded(db, plans) == {
+            "mine": ("stopped", "cancelled with `rpg cancel`", 3),
+            "theirs": ("running", None, 0),
+        }
+    finally:
+        stop_local_head(runs)
