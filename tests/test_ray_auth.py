@@ -67,29 +67,10 @@ def _wait_for(url: str, timeout_s: float, headers: dict[str, str] | None = None)
 def open_head():
     """A Ray head with token authentication off (RAY_AUTH_MODE=disabled), bound to 127.0.0.1, in temp
     dirs of its own; stopped by its process group at the end. Skips where no head can start."""
-    gcs, dashboard, client, agent_http, agent_grpc, metrics, runtime_env = head_module._free_ports(7)
     root = Path(tempfile.mkdtemp(prefix="rpg-auth-"))  # short: Ray's socket paths have a length limit
     temp_dir = root / "t"
-    cmd = [
-        sys.executable,
-        "-m",
-        "ray.scripts.scripts",
-        "start",
-        "--head",
-        "--node-ip-address=127.0.0.1",
-        f"--port={gcs}",
-        "--dashboard-host=127.0.0.1",
-        f"--dashboard-port={dashboard}",
-        "--include-dashboard=true",
-        f"--ray-client-server-port={client}",
-        f"--dashboard-agent-listen-port={agent_http}",
-        f"--dashboard-agent-grpc-port={agent_grpc}",
-        f"--metrics-export-port={metrics}",
-        f"--runtime-env-agent-port={runtime_env}",
-        f"--temp-dir={temp_dir}",
-        "--num-cpus=1",
-        "--disable-usage-stats",
-    ]
+    cmd, gcs, dashboard = head_module.ray_start_command(temp_dir)
+    cmd.append("--num-cpus=1")
     env = {k: v for k, v in os.environ.items() if k not in AUTH_VARS}
     env.update(RAY_AUTH_MODE="disabled", HOME=str(root), RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER="0")
     log = root / "start.log"

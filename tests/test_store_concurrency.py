@@ -14,30 +14,17 @@ import textwrap
 import threading
 import time
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
 import pytest
 import sqlalchemy as sa
+from test_store import plan
 
 from rpg_cli import rundir
-from rpg_cli.orchestration.plan import RunPlan
 from rpg_cli.store import open_store
 from rpg_cli.store.db import Store
 
 KEYS = 5
-
-
-def plan(i: int, root: Path, sweep: str = "sw") -> RunPlan:
-    return RunPlan(
-        id=f"id{i:04d}",
-        name=f"run-{i}",
-        sweep=sweep,
-        backend="local",
-        spec={"seed": i, "algorithm": "rpg"},
-        run_dir=root / sweep / f"run-{i}",
-        entrypoint=["python", "-c", "pass"],
-    )
 
 
 def lines(first: int, last: int) -> str:

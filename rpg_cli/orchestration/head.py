@@ -227,11 +227,10 @@ def _free_ports(n: int) -> list[int]:
             s.close()
 
 
-def _start_head(head_dir: Path, num_cpus: int | None, num_gpus: int | None, timeout_s: float) -> Head:
+def ray_start_command(temp_dir: Path) -> tuple[list[str], int, int]:
+    """`ray start --head` bound to 127.0.0.1 with free ports of its own and Ray's files under `temp_dir`:
+    (argv, GCS port, dashboard port)."""
     gcs, dashboard, client, agent_http, agent_grpc, metrics, runtime_env = _free_ports(7)
-    temp_dir = _temp_dir(head_dir)
-    private_dir(temp_dir.parent)
-    temp_dir.mkdir(exist_ok=True)
     cmd = [
         sys.executable,
         "-m",
@@ -251,6 +250,14 @@ def _start_head(head_dir: Path, num_cpus: int | None, num_gpus: int | None, time
         f"--temp-dir={temp_dir}",
         "--disable-usage-stats",
     ]
+    return cmd, gcs, dashboard
+
+
+def _start_head(head_dir: Path, num_cpus: int | None, num_gpus: int | None, timeout_s: float) -> Head:
+    temp_dir = _temp_dir(head_dir)
+    private_dir(temp_dir.parent)
+    temp_dir.mkdir(exist_ok=True)
+    cmd, gcs, dashboard = ray_start_command(temp_dir)
     if num_cpus is not None:
         cmd.append(f"--num-cpus={num_cpus}")
     if num_gpus is not None:
