@@ -183,7 +183,7 @@ def test_json_prints_one_record_per_check(here, monkeypatch):
 
 
 FLASH_FIX = (
-    f"pip install --no-build-isolation 'rpg-cli[flash-attn]' on every node {INSTALL}, "
+    f"build flash-attn {gpu_stack.FLASH_ATTN} against this torch on every node {INSTALL}, "
     "or set +actor_rollout_ref.model.override_config.attn_implementation=sdpa in the spec's verl.site"
 )
 
@@ -215,17 +215,17 @@ FLASH_FIX = (
         ),
         (
             {"versions": {"vllm": None}},
-            "missing  vLLM: vLLM is not installed (verl rolls out with it); pip install 'rpg-cli[vllm]' "
+            "missing  vLLM: vLLM is not installed (verl rolls out with it); pip install -r requirements/gpu.txt "
             f"(vLLM {gpu_stack.VLLM}) on every node {INSTALL}",
         ),
         (
             {
                 "plugin_error": "the rpg verl plugin does not load: ModuleNotFoundError: No module named 'verl.x'; "
-                "install the verl extra (pip install 'rpg-cli[verl]')",
+                "install verl (pip install -r requirements/gpu.txt on a GPU node, or -e '.[verl]')",
                 "platform": None,
             },
             "missing  rpg plugin: the rpg verl plugin does not load: ModuleNotFoundError: No module named 'verl.x'; "
-            "install the verl extra (pip install 'rpg-cli[verl]')",
+            "install verl (pip install -r requirements/gpu.txt on a GPU node, or -e '.[verl]')",
         ),
         (
             {"gpus": []},
@@ -289,7 +289,7 @@ def test_refusals_name_the_first_node_and_what_it_lacks():
     bad = NodeReport("10.0.0.3", 8.0, node.checks(gpu_node(versions={"flash-attn": None, "vllm": None})))
     assert node.refusal([]).startswith("the Ray cluster has no GPU node; ")
     assert node.refusal([good, bad], 1, 8) == (
-        "node 10.0.0.3: vLLM is not installed (verl rolls out with it); pip install 'rpg-cli[vllm]' "
+        "node 10.0.0.3: vLLM is not installed (verl rolls out with it); pip install -r requirements/gpu.txt "
         f"(vLLM {gpu_stack.VLLM}) on every node {INSTALL} (and 1 more: `rpg doctor` on the node lists them)"
     )
     assert node.refusal([good], 1, 8) is None

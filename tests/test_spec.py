@@ -650,3 +650,18 @@ def test_known_states_reads_the_store_only_when_the_database_exists(tmp_path, mo
 def test_a_sweep_without_runs_is_an_error():
     with pytest.raises(SpecError, match="exclude: removes every grid combination"):
         sweep({"optimizer": ["adamw"]}, exclude=[{"optimizer": "adamw"}]).expand()
+
+
+@pytest.mark.parametrize("value", ["${oc.env:DB_PASS}", "x-${oc.env:HOME,/}", "${ env:DB_PASS}"])
+def test_an_environment_interpolation_is_refused_before_it_is_read(tmp_path, monkeypatch, value):
+    """A spec is published (spec.json, the store, Ray's jobs API): ${oc.env:...} would carry a value of rpg's own
+    environment into it under any name. Refused in one line naming the field, the value never read."""
+    monkeypatch.setenv("DB_PASS", "hunter2")
+    text = sweep_yaml("grid:\n  optimizer: [adamw]\n").replace(
+        "save_every: 50", "save_every: 50\n  verl: {env: {NCCL_DEBUG: '" + value + "'}}"
+    )
+    with pytest.raises(SpecError) as error:
+        load_sweep(write(tmp_path, text))
+    message = str(error.value)
+    assert "base.verl.env.NCCL_DEBUG" in message and "reads rpg's environment" in message
+    assert "hunter2" not in message and "\n" not in message

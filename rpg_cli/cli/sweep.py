@@ -236,7 +236,10 @@ def _scoring_lines(plans: list) -> dict[str, int]:
 
 
 def _verl_blocks(plans: list) -> dict[str, int]:
-    """Each distinct `verl` block of the plans, as one line, with how many runs carry it."""
+    """Each distinct `verl` block of the plans, as one line, with how many runs carry it; masked like every
+    printout (a spec refuses credentials in the block: this is the second line of defence)."""
+    from rpg_cli.store.url import redact
+
     lines: dict[str, int] = {}
     for p in plans:
         block = p.spec.get("verl") or {}
@@ -247,7 +250,7 @@ def _verl_blocks(plans: list) -> dict[str, int]:
         ]
         parts += [f"env {' '.join(f'{k}={v}' for k, v in block['env'].items())}"] if block.get("env") else []
         if parts:
-            line = "; ".join(parts)
+            line = redact("; ".join(parts))
             lines[line] = lines.get(line, 0) + 1
     return lines
 
@@ -279,6 +282,36 @@ def _progress_table(snapshot):
             error_line(r.error, 50),
         )
     return table
+
+
+def _detached(before: dict[str, str], final, retry_failed: bool) -> str:
+    """What `rpg sweep --detach` did, from the runs' states before it and after its submissions: how many
+    it submitted, and what the others are (never "submitted" when nothing was)."""
+    from rpg_cli.states import LIVE, SUBMIT, run_action
+
+    status = {r.id: r.status for r in final.runs}  # one per run (a grid may name a run twice)
+    to_submit = {i for i in status if run_action(before.get(i, "new"), retry_failed) == SUBMIT}
+    submitted = sum(status[i] in LIVE for i in to_submit)
+    refused = len(to_submit) - submitted  # Ray refused the job: recorded failed, with its answer
+    others = [s for i, s in status.items() if i not in to_submit]
+    live = sum(s in LIVE for s in others)  # re-attached (a job the cluster had lost is submitted again)
+    parts = [
+        f"{n} {what}"
+        for n, what in (
+            (sum(s == "succeeded" for s in others), "succeeded"),
+            (live, "live"),
+            (sum(s in ("failed", "stopped") for s in others), "failed or stopped (--retry-failed reruns them)"),
+            (refused, "refused by Ray (`rpg runs --wide` shows why)"),
+        )
+        if n
+    ]
+    sweep = final.sweep
+    line = f"submitted {submitted} run(s) of {sweep}" if submitted else f"nothing to submit in {sweep}"
+    if parts:
+        line += ("; " if submitted else ": ") + ", ".join(parts)
+    if submitted or live:
+        line += f"; follow with `rpg runs --sweep {sweep}` or `rpg logs RUN --follow`"
+    return line
 
 
 def _watch_sweep(
@@ -317,7 +350,8 @@ def _watch_sweep(
             console.print(f"sweep {sweep_name}: {last_caption}", highlight=False)
 
     try:  # a run that would fail on its inputs: one line, before any head, run directory or row
-        checks = check_plans(plans, known_states(db, plans), retry_failed)
+        before = known_states(db, plans)
+        checks = check_plans(plans, before, retry_failed)
         for check in checks:
             if not check.finding.error:
                 warn("sweep", check_line(check, len(plans)))
@@ -355,7 +389,7 @@ def _watch_sweep(
     if live is None:
         console.print(_progress_table(final))
     if detach:
-        typer.echo(f"submitted; follow with `rpg runs --sweep {sweep_name}` or `rpg logs RUN --follow`")
+        typer.echo(_detached(before, final, retry_failed))
         return
     if not cluster:  # a head rpg started: say it is still there
         warn("sweep", f"the local Ray head in {runs_dir}/ray stays up for the next command; `rpg stop` ends it")

@@ -59,7 +59,7 @@ def pick_engine(engine: str) -> str:
     if engine == "vllm":
         if importlib.util.find_spec("vllm") is None:
             raise EvalError(
-                "--engine vllm: vLLM is not installed; install the extra (pip install 'rpg-cli[vllm]') "
+                "--engine vllm: vLLM is not installed; install it (a GPU node's set: pip install -r requirements/gpu.txt) "
                 "or use --engine hf"
             )
         return "vllm"

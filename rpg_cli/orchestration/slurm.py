@@ -25,6 +25,7 @@ from pathlib import Path
 
 from rpg_cli import rundir
 from rpg_cli.orchestration.plan import RunPlan
+from rpg_cli.spec.verl_block import credential_in, credential_name
 
 TEMPLATE = Path(__file__).with_name("slurm.sbatch")
 SCRIPT_FILE = "sweep.sbatch"
@@ -125,6 +126,19 @@ def allocation(
         ("--partition", partition),
         ("--account", account),
         *(("--sbatch-arg", a) for a in sbatch_args),
+    ):  # credentials first: the errors after this one print the value
+        if value is not None and (why := credential_in_option(value)):
+            option = value.split("=", 1)[0][:40] if name == "--sbatch-arg" else ""
+            shown = f"{name} {option}=..." if re.fullmatch(r"--?[\w-]+", option) else name  # never the value
+            raise SlurmError(
+                f"{shown} holds {why}: the script is a file under runs/ that "
+                "Slurm keeps and others may read; give credentials to the nodes' environment (the store's URL: "
+                "--db or $RPG_DB, which rpg hands the job outside the script)"
+            )
+    for name, value in (
+        ("--partition", partition),
+        ("--account", account),
+        *(("--sbatch-arg", a) for a in sbatch_args),
     ):
         if value is not None and (not value.strip() or any(c.isspace() and c != " " for c in value)):
             raise SlurmError(f"{name} {value!r}: a blank value or a line break cannot go into an #SBATCH line")
@@ -134,6 +148,22 @@ def allocation(
                 f"--sbatch-arg {arg!r} is not an sbatch option; give it whole, e.g. --sbatch-arg=--qos=high"
             )
     return Allocation(nodes, gpus, cpus, mem, runs_at_once, time, partition, account, tuple(sbatch_args))
+
+
+def credential_in_option(value: str) -> str | None:
+    """What credential an sbatch option's value holds, in words that do not repeat it (None: none): one in its
+    text (a URL's password, a password= parameter, a token; spec.verl_block.credential_in), or a variable named as
+    one given a value in --export (DB_PASS=..., GITHUB_PAT=...; --export=DB_PASS alone passes the submitting
+    shell's value and writes none)."""
+    if why := credential_in(value):
+        return why
+    option, _, listed = value.partition("=")
+    if option == "--export":
+        for item in listed.split(","):
+            name, given, _ = item.partition("=")
+            if given and credential_name(name):
+                return f"{name}'s value (a credential by its name)"
+    return None
 
 
 def time_seconds(time: str) -> int | None:
@@ -169,9 +199,21 @@ def render(
     runs_dir = Path(runs_dir).absolute()
     slurm = rundir.slurm_dir(sweep_dir(runs_dir, sweep))
     for path in (slurm, Path.cwd()):
-        if any(c.isspace() for c in str(path)):
+        if bad := _unsafe_chars(str(path)):
             raise SlurmError(
-                f"{path} holds a blank, which an #SBATCH line cannot carry; run from, and to, paths without one"
+                f"{path} holds {_listed(bad)}, which an #SBATCH line cannot carry as written; run from, and "
+                "write to, paths without them"
+            )
+    for option, value in (
+        ("--partition", alloc.partition),
+        ("--account", alloc.account),
+        *(("--sbatch-arg", a) for a in alloc.sbatch_args),
+    ):
+        if value is not None and (bad := _unsafe_chars(value)):
+            raise SlurmError(
+                f"{option} {value!r} holds {_listed(bad)}: sbatch would read it as more than one #SBATCH value "
+                "(a blank or line break starts another option, a quote or backslash is taken away, # starts a "
+                "comment); give the value without"
             )
     directives = [
         f"--job-name=rpg-{sweep}",
@@ -183,7 +225,7 @@ def render(
         *([f"--time={alloc.time}"] if alloc.time else []),
         *([f"--partition={alloc.partition}"] if alloc.partition else []),
         *([f"--account={alloc.account}"] if alloc.account else []),
-        f"--output={slurm}/slurm-%j.out",
+        f"--output={filename_pattern(slurm)}/slurm-%j.out",
         f"--signal=B:USR1@{SIGNAL_GRACE_S}",
         *alloc.sbatch_args,
     ]
@@ -208,6 +250,29 @@ def render(
     missing = set(re.findall(r"{{(\w+)}}", text)) - set(values)
     assert not missing, f"slurm.sbatch names {missing}, which render() does not fill"
     return re.sub(r"{{(\w+)}}", lambda m: values[m.group(1)], text)
+
+
+# What sbatch's parser of #SBATCH lines reads as more than a character of the value: whitespace ends it,
+# quotes group and are removed, a backslash escapes and is removed, an unescaped # starts a comment.
+_SBATCH_SYNTAX = frozenset("'\"\\#")
+
+
+def _unsafe_chars(value: str) -> set[str]:
+    """The characters of `value` that would not reach sbatch as written in an #SBATCH line."""
+    return {c for c in value if c.isspace() or c in _SBATCH_SYNTAX}
+
+
+def _listed(chars: set[str]) -> str:
+    return ", ".join(sorted(repr(c) for c in chars))
+
+
+def filename_pattern(path: Path) -> str:
+    """`path` as a Slurm filename pattern (--output, --error) that names exactly that path: Slurm
+    replaces %j, %u, %x, ... (and %% by %), so every % is doubled; a directory named like `run%j`
+    would otherwise send the job's output to a directory that does not exist. A backslash (it turns
+    the patterns off and is dropped) is refused by `render` before this, with what sbatch's parser of
+    #SBATCH lines would change."""
+    return str(path).replace("%", "%%")
 
 
 def describe(plans: list[RunPlan], alloc: Allocation) -> list[str]:
@@ -308,6 +373,25 @@ def submit(
     rundir.write_atomic(slurm / JOB_ID_FILE, job_id + "\n", mode=0o600)
     code = proc.wait()
     return job_id, code
+
+
+def ended_job(runs_dir: Path, sweep: str) -> str | None:
+    """The id of the sweep's last Slurm job when Slurm says it has ended (and its Ray with it: no job of
+    that Ray runs any more); None when it has none, is still live, or Slurm cannot say (no squeue, no
+    controller). `rpg cancel SWEEP` names it as a hint; it records nothing on its strength (a live run of
+    the sweep may have been submitted elsewhere since)."""
+    if Path(sweep).name != sweep or sweep in (".", "..") or shutil.which("squeue") is None:
+        return None
+    job_id = recorded_job(runs_dir, sweep)
+    if job_id is None:
+        return None
+    done = subprocess.run(
+        [_slurm_command("squeue"), "-h", "-j", job_id, "-o", "%T"], capture_output=True, text=True, timeout=60
+    )
+    if done.returncode != 0:  # an id Slurm no longer knows, or no answer at all: only the first is an end
+        return job_id if "Invalid job id" in done.stderr else None
+    state = done.stdout.strip().splitlines()
+    return None if state and state[0].strip() in _LIVE_JOB_STATES else job_id
 
 
 def cancel_job(runs_dir: Path, ref: str) -> str | None:

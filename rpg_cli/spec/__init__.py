@@ -24,12 +24,12 @@ from rpg_cli.spec.models import (
     _field_names,  # noqa: F401
     context_label,
     context_lengths,
-    override_key,
     run_identity,
     val_sampling,
 )
 from rpg_cli.spec.reference import ReferenceTracker
 from rpg_cli.spec.sweep import SweepSpec, expand_sweep
+from rpg_cli.spec.verl_block import override_key
 
 __all__ = [
     "CONTEXT_LENGTHS",

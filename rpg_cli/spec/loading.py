@@ -95,15 +95,45 @@ def _expanded_size(data: Any) -> int:
     return size(data)
 
 
+# OmegaConf's resolvers that read the process environment: a spec is published (spec.json, the store, Ray's jobs
+# API), so a value from rpg's environment (a password in $DB_PASS) must not become part of it under any name
+_ENV_RESOLVER = re.compile(r"(?<!\\)\$\{\s*(?:oc\.env|env)\s*:")  # escaped \${...} is text to OmegaConf
+
+
 def _resolve_interpolations(data: Any, path: Path) -> Any:
     from omegaconf import OmegaConf
     from omegaconf.errors import OmegaConfBaseException
 
+    if (where := _env_interpolation(data)) is not None:
+        raise SpecError(
+            "reads rpg's environment (${oc.env:...}) into the spec, which spec.json, the store and Ray's jobs API "
+            "keep; allowed: interpolations of the file's own fields (${base.steps}), values written out",
+            where,
+            str(path),
+        )
     try:
         return OmegaConf.to_container(OmegaConf.create(data), resolve=True)
     except OmegaConfBaseException as e:
         key = getattr(e, "full_key", "") or ""
         raise SpecError(f"interpolation failed: {str(e).splitlines()[0]}", str(key), str(path)) from None
+
+
+def _env_interpolation(data: Any, at: str = "") -> str | None:
+    """The dotted path of the first value (or key) that interpolates an environment variable, else None."""
+    if isinstance(data, dict):
+        for key, value in data.items():
+            here = f"{at}.{key}" if at else str(key)
+            if isinstance(key, str) and _ENV_RESOLVER.search(key):
+                return here
+            if (found := _env_interpolation(value, here)) is not None:
+                return found
+    elif isinstance(data, list):
+        for i, value in enumerate(data):
+            if (found := _env_interpolation(value, f"{at}[{i}]")) is not None:
+                return found
+    elif isinstance(data, str) and _ENV_RESOLVER.search(data):
+        return at or "(top)"
+    return None
 
 
 _LOADER: type | None = None

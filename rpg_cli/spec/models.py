@@ -8,16 +8,13 @@ from __future__ import annotations
 import copy
 import hashlib
 import json
-import re
 from typing import TYPE_CHECKING, Annotated, Any, Literal
 
 from pydantic import (
     BaseModel,
     BeforeValidator,
-    ConfigDict,
     Field,
     create_model,
-    field_validator,
     model_serializer,
     model_validator,
 )
@@ -25,6 +22,8 @@ from pydantic import (
 from rpg_cli.algorithms.defaults import CLIP_C, OVERLONG_BUFFER, OVERLONG_PENALTY_FACTOR
 from rpg_cli.benchmarks import SCORERS
 from rpg_cli.spec.errors import SpecError, _model_in, _num
+from rpg_cli.spec.frozen import _Frozen
+from rpg_cli.spec.verl_block import Verl
 from rpg_cli.trackers import TRACKERS
 
 if TYPE_CHECKING:
@@ -60,12 +59,6 @@ MAX_ROLLOUTS = 4096
 
 # ---------------------------------------------------------------------------------------------
 # The models
-
-
-class _Frozen(BaseModel):
-    # strict: a YAML typo like `rollout_n: "16"` or `clip: yes` is an error, not a silent coercion;
-    # no float field takes .inf or .nan (a NaN loss trains nothing and still "succeeds")
-    model_config = ConfigDict(frozen=True, extra="forbid", strict=True, allow_inf_nan=False)
 
 
 class Clip(_Frozen):
@@ -179,55 +172,6 @@ def context_label(context: str | dict[str, Any] | ContextTokens) -> str:
         return context
     prompt, response = context_lengths(context)
     return f"{prompt}+{response}"
-
-
-class Verl(_Frozen):
-    """What a verl run needs beyond the spec's fields: extra Hydra overrides of verl's ppo_trainer config and
-    environment variables for its processes. `overrides` may change what a run computes, so they are part
-    of the run id, and may replace an override rpg generates; `site` overrides and `env` say how a run
-    executes on a cluster (rollout.gpu_memory_utilization, NCCL variables, a test harness's modules), are
-    not part of the run id, and may not replace what rpg generates from the spec."""
-
-    overrides: list[str] = Field(default_factory=list)
-    site: list[str] = Field(default_factory=list)
-    env: dict[str, str] = Field(default_factory=dict)
-
-    @field_validator("overrides", "site")
-    @classmethod
-    def _key_value(cls, items: list[str]) -> list[str]:
-        for item in items:
-            if not re.fullmatch(r"(\+\+|\+|~)?[A-Za-z_][\w.\-@/]*=.*", item, re.S):
-                raise ValueError(f"got {item!r}; allowed: Hydra overrides key=value, +key=value or ++key=value")
-        keys = [override_key(item) for item in items]
-        if len(set(keys)) < len(keys):
-            twice = sorted({k for k in keys if keys.count(k) > 1})
-            raise ValueError(f"{', '.join(twice)} given twice; allowed: each key once")
-        return items
-
-    @field_validator("env")
-    @classmethod
-    def _env_names(cls, env: dict[str, str]) -> dict[str, str]:
-        for name in env:
-            if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", name):
-                raise ValueError(f"{name!r} is not an environment variable name; allowed: letters, digits, _")
-            if name in RESERVED_ENV:
-                raise ValueError(f"{name} is rpg's own (the run's metrics file); allowed: any other name")
-            if _CREDENTIAL.search(name):
-                raise ValueError(
-                    f"{name} looks like a credential, and env travels in the job's metadata (Ray's jobs API shows "
-                    "it); allowed: settings only (give credentials to the nodes' environment)"
-                )
-        return env
-
-
-# set by rpg for every verl run; VERL_USE_EXTERNAL_MODULES may be given (loaded before rpg's plugin)
-RESERVED_ENV = ("VERL_FILE_LOGGER_PATH",)
-_CREDENTIAL = re.compile(r"KEY|TOKEN|SECRET|PASSW|CREDENTIAL", re.I)
-
-
-def override_key(override: str) -> str:
-    """The config key a Hydra override sets: `+a.b=1` -> `a.b`."""
-    return override.split("=", 1)[0].lstrip("+~")
 
 
 class Checkpoints(_Frozen):

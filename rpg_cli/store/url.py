@@ -5,8 +5,11 @@ rpg prints goes through `redact`). Standard library only."""
 from __future__ import annotations
 
 import re
+import urllib.parse
 
-DEFAULT_DB_URL = "sqlite:///runs/results.db"
+from rpg_cli.rundir import STORE_FILE
+
+DEFAULT_DB_URL = f"sqlite:///runs/{STORE_FILE}"
 # where `--db` is read from when not given: a team's PostgreSQL URL (and its password) set once, out of `ps`
 DB_ENVVAR = "RPG_DB"
 SQLITE_BUSY_TIMEOUT_S = 60.0
@@ -51,12 +54,32 @@ def sqlite_path(db_url: str) -> str | None:
 # scheme://user:PASSWORD@host: the password runs to the last "@" before a blank or a quote, so one
 # holding "@", ":" or "/" unencoded is hidden whole (hiding a little too much is the safe side)
 _PASSWORD_IN_URL = re.compile(r"(\b[A-Za-z][A-Za-z0-9+.-]*://[^\s:/@'\"<>]*:)[^\s'\"<>]*(@)")
-# ?password=..., &password=..., libpq's "password=..." (and passwd, sslpassword): to the next & ; blank or quote
-_PASSWORD_PARAM = re.compile(r"(?i)((?:^|[?&;\s'\"(,])[\w.-]*pass(?:word|wd)?=)[^&;\s'\"<>]*")
+# a parameter: ?name=..., &name=..., libpq's "name=...", an env line's NAME=...: its value runs to the next & ; blank
+# or quote
+_PARAM = re.compile(r"((?:^|[?&;\s'\"(,])([^=&;\s'\"<>?(,]+)=)([^&;\s'\"<>]*)")
+# names whose value is a secret (judged percent-decoded): ...password, ...passwd, ...pass (sslpassword, DB_PASS),
+# ...pwd (ODBC, MYSQL_PWD), ...secret, ...token, api/access/secret/private keys
+_SECRET_NAME = re.compile(r"(?i)(?:pass(?:word|wd)?|pwd|secret|token|(?:api|access|secret|private)[_-]?key)\Z")
 
 
 def redact(text: str) -> str:
     """`text` with every password in it replaced by ***: a URL's user:***@host, its ?password=*** and
-    &password=*** (any ...password= or ...passwd= parameter), a libpq `password=***`. Every message
-    rpg prints that may hold a database URL goes through here."""
-    return _PASSWORD_PARAM.sub(r"\1***", _PASSWORD_IN_URL.sub(r"\1***\2", text))
+    &password=*** (any ...password=, ...passwd=, ...pwd=, ...secret=, ...token= or api key parameter), a libpq
+    `password=***`, an env line's DB_PASS=***. A parameter's name is judged percent-decoded, as a server reads
+    it (`?%70assword=` is `?password=`; `%2570` decodes to it twice). Every message rpg prints that may hold a
+    database URL goes through here."""
+
+    def decoded(name: str) -> str:
+        for _ in range(4):  # a few rounds: a double-encoded name is still a name someone decodes
+            plain = urllib.parse.unquote(name)
+            if plain == name:
+                break
+            name = plain
+        return name
+
+    def hide(match: re.Match) -> str:
+        if _SECRET_NAME.search(decoded(match.group(2))):
+            return match.group(1) + "***"
+        return match.group(1) + _PARAM.sub(hide, match.group(3))  # a value may hold a URL with its own parameters
+
+    return _PARAM.sub(hide, _PASSWORD_IN_URL.sub(r"\1***\2", text))

@@ -31,7 +31,7 @@ class SettingError(ValueError):
 
 class TrackerSettings(BaseModel):
     """A tracker's settings, the spec's `trackers.<name>` (None there: the tracker is off). The spec's
-    rules (rpg_cli.spec.models._Frozen): frozen, no unknown field, no coercion, no inf or nan."""
+    rules (rpg_cli.spec.frozen._Frozen): frozen, no unknown field, no coercion, no inf or nan."""
 
     model_config = ConfigDict(frozen=True, extra="forbid", strict=True, allow_inf_nan=False)
 

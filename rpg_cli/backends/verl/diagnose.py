@@ -94,7 +94,7 @@ def check_plugin_loads(
     if done.returncode != 0 or not out:
         raise RuntimeError(
             f"the rpg verl plugin does not load: {last_error_line(done.stderr) or 'no output'}; "
-            "install the verl extra (pip install 'rpg-cli[verl]')"
+            "install verl (pip install -r requirements/gpu.txt on a GPU node, or -e '.[verl]')"
         )
     if out[-1] != "ok":
         raise RuntimeError(

@@ -498,10 +498,7 @@ def _fix(shape: ModelShape, s: Settings, gpu_gib: float) -> str | None:
     if peak == "update":
         tokens = _largest_budget(shape, s, gpu_gib, "ppo")
         if tokens is not None:
-            message = (
-                f"lower {_ACTOR}.ppo_max_token_len_per_gpu to {tokens} (verl.overrides, as rpg generates it; "
-                f"at least {seq})"
-            )
+            message = f"lower {_ACTOR}.ppo_max_token_len_per_gpu to {tokens} (verl.site; at least {seq})"
             tries.append((message, _budget(s, "ppo", tokens)))
         tries.append((f"set {_MODEL}.use_fused_kernels=true (verl.site)", _with(s, fused_kernels=True)))
     for message, candidate in tries:

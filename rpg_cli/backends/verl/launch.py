@@ -325,6 +325,9 @@ def overrides(spec: ExperimentSpec, run_dir: Path) -> list[str]:
         "trainer.logger": ["console", "file", *verl_loggers(spec)],  # `file` is what rpg ingests
         "trainer.project_name": spec.trackers.project if spec.trackers else "rpg",
         "trainer.experiment_name": spec.run_name,
+        # main_ppo runs under @hydra.main, whose output folder (.hydra/, main_ppo.log) is outputs/<date>/<time>/ of
+        # the directory rpg ran from unless told: the run's outputs stay in its directory
+        "hydra.run.dir": str(run_dir / "hydra"),
         # a namespace of the run's own on a shared Ray cluster: what verl's TransferQueue names (isolation.py)
         "+ray_kwargs.ray_init.namespace": namespace(spec),
     }
@@ -340,17 +343,11 @@ def overrides(spec: ExperimentSpec, run_dir: Path) -> list[str]:
 
 
 def _with_spec_overrides(generated: list[str], spec: ExperimentSpec) -> list[str]:
-    """The generated overrides, then the spec's `verl.overrides` (which may replace one of them: they are
-    part of the run id) and `verl.site` (which may not: they are not), each passed on as written."""
-    replaced = {override_key(item) for item in spec.verl.overrides}
-    taken = {override_key(item) for item in generated}
-    for item in spec.verl.site:
-        if override_key(item) in taken:
-            raise SpecError(
-                f"{override_key(item)} is generated from the spec's fields (see --dry-run); allowed: a key rpg does "
-                "not set, or the same override in verl.overrides (part of the run id)",
-                "verl.site",
-            )
+    """The generated overrides, then the spec's `verl.overrides` (part of the run id: they may replace any of them)
+    and `verl.site` (keys of the site table only, checked with the spec: they may replace a generated value of how
+    the run executes, e.g. the rollout's tensor_model_parallel_size), each passed on as written. A generated
+    override a spec's one replaces is left out (Hydra refuses `+key` twice)."""
+    replaced = {override_key(item) for item in [*spec.verl.overrides, *spec.verl.site]}
     kept = [item for item in generated if override_key(item) not in replaced]
     return [*kept, *spec.verl.overrides, *spec.verl.site]
 

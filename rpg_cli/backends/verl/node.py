@@ -47,6 +47,7 @@ ATTN_DEFAULT = "flash_attention_2"
 PLATFORM_ENV = ("VERL_USE_EXTERNAL_MODULES", "VERL_PLATFORM", "PYTHONPATH")
 NVIDIA = "nvidia"  # verl's vendor_name of its CUDA platform, and its fallback when it detects none
 INSTALL = "(README, Install)"
+GPU_SET = "pip install -r requirements/gpu.txt"  # a GPU node's pinned set, from rpg's clone (README, Install)
 LINE_PREFIX = "rpg-node-report "  # marks the node job's JSON lines in its log
 DONE_LINE = "rpg-node-check done"  # its last line: every GPU node was asked (none: the cluster has none)
 TIMEOUT_S = 120.0  # the sweep's check of its cluster's GPU nodes, before anything is submitted
@@ -344,7 +345,7 @@ def check_driver(found: Facts) -> NodeCheck:
 def check_torch(found: Facts) -> NodeCheck:
     version = found.versions["torch"]
     want = f"{gpu_stack.TORCH} for CUDA {gpu_stack.TORCH_CUDA}" if found.nvidia else gpu_stack.TORCH
-    fix = f"pip install torch=={gpu_stack.TORCH} (CUDA {gpu_stack.TORCH_CUDA} build) on every node {INSTALL}"
+    fix = f"{GPU_SET} (torch {gpu_stack.TORCH}, its CUDA {gpu_stack.TORCH_CUDA} build) on every node {INSTALL}"
     if version is None:
         return missing("torch", "torch is not installed", fix)
     if found.nvidia and found.torch_cuda is None:
@@ -392,7 +393,7 @@ def check_nccl(found: Facts) -> NodeCheck:
 
 
 def check_verl(version: str | None) -> NodeCheck:
-    fix = f"pip install 'rpg-cli[verl]' (verl {gpu_stack.VERL}) on every node {INSTALL}"
+    fix = f"{GPU_SET} (verl {gpu_stack.VERL}) on every node {INSTALL}"
     if version is None:
         return missing("verl", "verl is not installed", fix)
     if _base(version) != gpu_stack.VERL:
@@ -412,7 +413,7 @@ def check_plugin(found: Facts) -> NodeCheck:
 
 
 def check_vllm(version: str | None) -> NodeCheck:
-    fix = f"pip install 'rpg-cli[vllm]' (vLLM {gpu_stack.VLLM}) on every node {INSTALL}"
+    fix = f"{GPU_SET} (vLLM {gpu_stack.VLLM}) on every node {INSTALL}"
     if version is None:
         return missing("vLLM", "vLLM is not installed (verl rolls out with it)", fix)
     if _base(version) != gpu_stack.VLLM:
@@ -426,7 +427,7 @@ def check_flash_attention(found: Facts, needed: bool) -> NodeCheck:
     if not found.nvidia:
         return _not_nvidia("flash-attn", found)
     fix = (
-        f"pip install --no-build-isolation 'rpg-cli[flash-attn]' on every node {INSTALL}, "
+        f"build flash-attn {gpu_stack.FLASH_ATTN} against this torch on every node {INSTALL}, "
         f"or set +{ATTN_IMPLEMENTATION}=sdpa in the spec's verl.site"
     )
     version = found.versions["flash-attn"]
