@@ -291,8 +291,10 @@ def test_runs_shows_the_time_queued_and_the_time_run_apart_after_upgrading_an_ol
     path = tmp_path / "results.db"
     db = f"sqlite:///{path}"
     open_store(db).close()
-    with sqlite3.connect(path) as con:  # the layout of schema version 2: no running_at
+    with sqlite3.connect(path) as con:  # the layout of schema version 2: no running_at, nor version 4's columns
         con.execute("ALTER TABLE runs DROP COLUMN running_at")
+        for column in ("restart_attempt", "changed"):
+            con.execute(f"ALTER TABLE metric_files DROP COLUMN {column}")
         con.execute("UPDATE schema_version SET version = 2")
     store = open_store(db)  # upgraded in place
     plan = SimpleNamespace(

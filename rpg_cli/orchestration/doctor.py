@@ -21,6 +21,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from rpg_cli.inputs import hub_cache
 from rpg_cli.orchestration.head import DEFAULT_RUNS_DIR, ClusterError, connect, one_line
 from rpg_cli.orchestration.plan import check_plans, launcher, plan_sweep
 
@@ -105,17 +106,6 @@ def directories(plans: list[RunPlan], runs_dir: Path) -> list[Check]:
     found.append(_directory("runs dir", Path(runs_dir), needed=True, what="`rpg sweep` creates it", writes=True))
     found.append(_directory("HF cache", hub_cache(), needed=False, what="created on the first download", writes=True))
     return found
-
-
-def hub_cache() -> Path:
-    """Where models are downloaded to: huggingface_hub's own constant (HF_HUB_CACHE, HF_HOME/hub, ...)."""
-    try:
-        from huggingface_hub import constants
-    except ImportError:  # rpg's own reading of the same variables
-        from rpg_cli.inputs import hub_cache as rpg_hub_cache
-
-        return rpg_hub_cache()
-    return Path(constants.HF_HUB_CACHE)
 
 
 def _directory(name: str, path: Path, needed: bool, what: str, writes: bool) -> Check:
