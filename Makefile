@@ -2,7 +2,7 @@
 # make test   install if needed, then run the test suite
 # make bench  install if needed, then run the benchmarks and print their ratios
 # make lint   install if needed, then ruff: the lint rules and the formatting (pyproject.toml [tool.ruff])
-# make e2e    install .venv-e2e if needed, then verl's whole loop with vLLM's CPU build (tests/e2e, ~10 min)
+# make e2e    install .venv-e2e if needed, then verl's whole loop with vLLM's CPU build (tests/e2e, ~17 min on 2 cores)
 # make gpu-check  on a GPU node: verl's worker path on one CUDA GPU and the local backend there (skips without one)
 # make install  (re)create .venv with the package and its dev/test extras
 
