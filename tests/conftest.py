@@ -176,3 +176,12 @@ def db_url(request, tmp_path) -> str:
     if request.param == "sqlite":
         return f"sqlite:///{tmp_path / 'runs' / 'results.db'}"
     return new_postgres_database(request.getfixturevalue("postgres_server"))
+
+
+@pytest.fixture
+def no_slurm_here(tmp_path, monkeypatch):
+    """A working directory, and a PATH without Slurm's commands: the dry run is the same on every machine."""
+    (tmp_path / "bin").mkdir()
+    monkeypatch.setenv("PATH", str(tmp_path / "bin"))
+    monkeypatch.chdir(tmp_path)
+    return tmp_path

@@ -62,15 +62,6 @@ def snapshot(root: Path) -> dict[str, int]:
     return {str(p.relative_to(root)): p.stat().st_mtime_ns for p in root.rglob("*")}
 
 
-@pytest.fixture
-def no_slurm_here(tmp_path, monkeypatch):
-    """A working directory, and a PATH without Slurm's commands: the dry run is the same on every machine."""
-    (tmp_path / "bin").mkdir()
-    monkeypatch.setenv("PATH", str(tmp_path / "bin"))
-    monkeypatch.chdir(tmp_path)
-    return tmp_path
-
-
 def dry_run(*args: str):
     return CliRunner().invoke(app, ["slurm", *args, "--dry-run"])
 

@@ -21,7 +21,10 @@ from pathlib import Path
 import pytest
 from test_bounds import BASE, write_data
 from test_cancel import FakeRay
-from test_slurm import write_sweep
+from test_slurm import dry_run as slurm_dry_run
+from test_slurm import (
+    write_sweep,
+)
 from typer.testing import CliRunner
 
 from rpg_cli.cli import app
@@ -30,19 +33,6 @@ from rpg_cli.spec import load_sweep
 from rpg_cli.store import open_store
 
 # ------------------------------------------------------------------------------------ #SBATCH values
-
-
-@pytest.fixture
-def workdir(tmp_path, monkeypatch):
-    """A working directory, and a PATH without Slurm's commands (the dry run is the same everywhere)."""
-    (tmp_path / "bin").mkdir()
-    monkeypatch.setenv("PATH", str(tmp_path / "bin"))
-    monkeypatch.chdir(tmp_path)
-    return tmp_path
-
-
-def slurm_dry_run(*args: str):
-    return CliRunner().invoke(app, ["slurm", *args, "--dry-run"])
 
 
 @pytest.mark.parametrize(
@@ -58,8 +48,8 @@ def slurm_dry_run(*args: str):
         ("--sbatch-arg", "--qos=high\n#SBATCH --x"),
     ],
 )
-def test_a_value_sbatch_would_read_otherwise_is_refused_naming_its_option(workdir, option, value):
-    spec = write_sweep(workdir, "tiny", "  algorithm: [grpo]")
+def test_a_value_sbatch_would_read_otherwise_is_refused_naming_its_option(no_slurm_here, option, value):
+    spec = write_sweep(no_slurm_here, "tiny", "  algorithm: [grpo]")
     result = slurm_dry_run(str(spec), option, value)
     assert result.exit_code == 2, result.output
     lines = result.stderr.strip().splitlines()
@@ -67,8 +57,8 @@ def test_a_value_sbatch_would_read_otherwise_is_refused_naming_its_option(workdi
     assert result.stdout == ""
 
 
-def test_values_without_them_still_go_through(workdir):
-    spec = write_sweep(workdir, "tiny", "  algorithm: [grpo]")
+def test_values_without_them_still_go_through(no_slurm_here):
+    spec = write_sweep(no_slurm_here, "tiny", "  algorithm: [grpo]")
     result = slurm_dry_run(str(spec), "--account", "lab-1", "--sbatch-arg=--qos=high", "--sbatch-arg=--comment=a,b")
     assert result.exit_code == 0, result.output
     directives = [line for line in result.stdout.splitlines() if line.startswith("#SBATCH")]
@@ -83,8 +73,8 @@ def slurm_expands(pattern: str, job_id: str) -> str:
 
 
 @pytest.mark.parametrize("directory", ["runs%j", "100%", "a%%b", "x%Nu%u"])
-def test_a_percent_in_the_working_directory_reaches_slurm_as_itself(workdir, monkeypatch, directory):
-    here = workdir / directory
+def test_a_percent_in_the_working_directory_reaches_slurm_as_itself(no_slurm_here, monkeypatch, directory):
+    here = no_slurm_here / directory
     here.mkdir()
     monkeypatch.chdir(here)
     spec = write_sweep(here, "tiny", "  algorithm: [grpo]")
@@ -99,8 +89,8 @@ def test_a_percent_in_the_working_directory_reaches_slurm_as_itself(workdir, mon
 
 
 @pytest.mark.parametrize("directory", ["run#1", "back\\slash", "two words", "it's"])
-def test_a_working_directory_an_sbatch_line_cannot_carry_is_refused(workdir, monkeypatch, directory):
-    here = workdir / directory
+def test_a_working_directory_an_sbatch_line_cannot_carry_is_refused(no_slurm_here, monkeypatch, directory):
+    here = no_slurm_here / directory
     here.mkdir()
     monkeypatch.chdir(here)
     spec = write_sweep(here, "tiny", "  algorithm: [grpo]")
