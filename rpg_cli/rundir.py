@@ -5,7 +5,9 @@
       metrics.jsonl   one line per step, {"step": N, "data": {"actor/pg_loss": ...}}: verl's file
                       logger's format, written by both backends through `MetricsLog`, only ever
                       appended to; a resumed attempt appends {"restart": {"keep_through": N}} first
-                      (the steps after N logged so far are void); store/ingest.py reads it
+                      (the steps after N logged so far are void), and a run that stops on request
+                      ends with {"stopped": {"step": N, "why": ...}}; store/ingest.py reads it
+      stop_request    a graceful stop asked of the live run (request_stop): `preempted` or `cancelled`
       job.log         the job's output, saved when it ends or is cancelled
       checkpoints/    step_N/ (local backend: an HF model directory, plus its trainer state) or
                       global_step_N/actor/huggingface/ (verl, when it saves hf_model); the spec's
@@ -43,6 +45,11 @@ JOB_LOG = "job.log"
 CHECKPOINTS_DIR = "checkpoints"
 EVAL_DIR = "eval"
 RESTART_KEY = "restart"  # metrics.jsonl: a resumed attempt's first line (restart_line)
+STOP_REQUEST = "stop_request"  # a graceful stop asked of a live run (request_stop); its trainer ends after the step
+STOPPED_KEY = "stopped"  # metrics.jsonl: the last line of a run that stopped on request (stopped_line)
+# why a run was asked to stop gracefully: preempted (a signal: SIGTERM, Slurm's USR1) resumes with the next
+# `rpg sweep`; cancelled (`rpg cancel --graceful`) is stopped, resumed with --retry-failed
+PREEMPTED, CANCELLED = "preempted", "cancelled"
 
 
 # What rpg and its trackers keep directly under the runs directory, beside the sweeps' directories
@@ -78,6 +85,15 @@ def reserved_name(name: str) -> str | None:
 def diverged(step: int, what: str) -> str:
     """The failure reason of a run whose step `step` left `what` non-finite ("actor/pg_loss is nan")."""
     return f"training diverged at step {step}: {what}; lower lr or beta, then `rpg sweep SPEC --retry-failed`"
+
+
+_DIVERGED = re.compile(r"training diverged at step (\d+): (.*?)(?:; lower lr or beta, then |$)")
+
+
+def diverged_at(error: str | None) -> tuple[int, str] | None:
+    """(step, what) of a failure reason `diverged` wrote (anywhere in it: a backend may name itself first)."""
+    found = _DIVERGED.search(error or "")
+    return (int(found.group(1)), found.group(2).strip()) if found else None
 
 
 # What rpg creates under the runs directory: the owner writes, the umask says who reads.
@@ -270,6 +286,38 @@ def restart_line(keep_through: int | None) -> str:
     import json
 
     return json.dumps({RESTART_KEY: {"keep_through": keep_through}}) + "\n"
+
+
+def stop_request_path(run_dir: Path) -> Path:
+    return Path(run_dir) / STOP_REQUEST
+
+
+def request_stop(run_dir: Path, why: str) -> Path:
+    """Ask the run's trainer to end gracefully after the step it is in (a checkpoint, a `stopped_line`, exit).
+    A file in the run directory, so that it reaches a trainer on any node of the cluster through the shared
+    `runs/`, and outlives Ray's few seconds between SIGTERM and SIGKILL."""
+    if why not in (PREEMPTED, CANCELLED):
+        raise ValueError(f"a stop request is {PREEMPTED!r} or {CANCELLED!r}, not {why!r}")
+    return write_atomic(stop_request_path(run_dir), why + "\n")
+
+
+def stop_requested(run_dir: Path) -> str | None:
+    """Why the run was asked to stop (PREEMPTED or CANCELLED), or None."""
+    data = read_owned(stop_request_path(run_dir))
+    why = data.decode("utf-8", "replace").strip() if data is not None else None
+    return why if why in (PREEMPTED, CANCELLED) else None
+
+
+def clear_stop_request(run_dir: Path) -> None:
+    """A new attempt starts with no request left over from the one before."""
+    stop_request_path(run_dir).unlink(missing_ok=True)
+
+
+def stopped_line(step: int, why: str) -> str:
+    """The metrics.jsonl line a trainer appends after the checkpoint of step `step`, when it stops on request."""
+    import json
+
+    return json.dumps({STOPPED_KEY: {"step": step, "why": why}}) + "\n"
 
 
 class MetricsLog:

@@ -7,6 +7,12 @@ status column), the dry-run's plan, the real launch, `rpg stop` and `rpg runs` a
     running    the job runs                               -> attach (live: a job may be running for it)
     succeeded                                             -> done, never resubmitted
     failed, stopped                                       -> skipped, resubmitted with --retry-failed
+    preempted  a signal (SIGTERM, Slurm's USR1) stopped it
+               after a checkpoint of the step it was in   -> submit: resumed from that checkpoint
+                                                             (orchestration/stops.py says which)
+
+A run stopped on purpose after a checkpoint (`rpg cancel --graceful`) is `stopped`, its reason naming the step;
+like any stopped run it is resumed with --retry-failed.
 
 "Attach" is what the dry run reports for a live run; the launch refines it with what Ray knows: a
 live run whose job Ray has lost is submitted again (see orchestration/sweep.py).
@@ -26,6 +32,7 @@ ACTIONS: dict[str, tuple[str, str]] = {
     "succeeded": (DONE, DONE),
     "failed": (SKIP, SUBMIT),
     "stopped": (SKIP, SUBMIT),
+    "preempted": (SUBMIT, SUBMIT),
 }
 STATUSES = tuple(state for state in ACTIONS if state != NEW)  # what the store records
 LIVE = frozenset(state for state, (action, _) in ACTIONS.items() if action == ATTACH)

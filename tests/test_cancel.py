@@ -358,7 +358,7 @@ def test_never_submitted_runs_are_recorded_stopped_without_a_cluster(tmp_path):
 
 
 def test_a_job_ray_will_not_stop_is_left_as_it_was(tmp_path, fake_ray):
-    from rpg_cli.orchestration.sweep import cancel as cancel_runs
+    from rpg_cli.orchestration.cancel import cancel as cancel_runs
 
     runs = tmp_path / "runs"
     ray = fake_ray({"id-a": "RUNNING", "id-b": "RUNNING"})
@@ -459,5 +459,246 @@ def test_a_run_the_real_head_does_not_know_is_refused_and_its_own_job_keeps_runn
             "mine": ("stopped", "cancelled with `rpg cancel`", 3),
             "theirs": ("running", None, 0),
         }
+    finally:
+        stop_local_head(runs)
+
+
+# ------------------------------------------------------------------------------------ --graceful
+
+
+def fake_trainer(run_dir: Path, ray: FakeRay | None = None, job: str = "", step: int = 4) -> threading.Thread:
+    """A training run's trainer as `rpg cancel --graceful` meets it: once its stop request is there, it logs the
+    step it was in, saves it, appends the stopped line and exits 0 (Ray: SUCCEEDED)."""
+    from rpg_cli import rundir
+
+    def trainer() -> None:
+        deadline = time.monotonic() + 60
+        while rundir.stop_requested(run_dir) is None and time.monotonic() < deadline:
+            time.sleep(0.05)
+        why = rundir.stop_requested(run_dir)
+        if why is None:
+            return
+        with open(run_dir / "metrics.jsonl", "a") as f:
+            f.write(json.dumps({"step": step, "data": {"critic/score/mean": 0.5}}) + "\n")
+        (run_dir / "checkpoints" / f"global_step_{step}").mkdir(parents=True)
+        with open(run_dir / "metrics.jsonl", "a") as f:
+            f.write(rundir.stopped_line(step, why))
+        if ray is not None:
+            ray.jobs[job] = "SUCCEEDED"
+
+    thread = threading.Thread(target=trainer, daemon=True)
+    thread.start()
+    return thread
+
+
+def lines(result) -> list[str]:
+    assert result.exception is None or isinstance(result.exception, SystemExit), result.exception
+    return result.output.splitlines()
+
+
+def test_graceful_asks_the_training_runs_and_stops_the_others_at_once(tmp_path, fake_ray):
+    """A run that logged a training step gets a request (its job keeps running); one that did not (only step 0,
+    the validation before training), one Ray still queues and one never submitted have nothing to save:
+    cancelled as without --graceful. One that ended keeps what it became."""
+    runs = tmp_path / "runs"
+    ray = fake_ray({"id-train": "RUNNING", "id-fresh": "RUNNING", "id-queued": "PENDING", "id-done": "SUCCEEDED"})
+    ray.install_as_local_head(runs)
+    db = f"sqlite:///{tmp_path / 'results.db'}"
+    plans = record_runs(
+        db, runs, {"train": "running", "fresh": "running", "queued": "submitted", "never": None, "done": "running"}
+    )
+    (plans["fresh"].run_dir / "metrics.jsonl").write_text('{"step": 0, "data": {"val-core/toy/acc/mean@2": 0.5}}\n')
+
+    result = cancel("sw", "--graceful", "--no-wait", "--db", db, "--runs-dir", str(runs))
+    assert result.exit_code == 0, result.output
+    assert lines(result) == [
+        "asked train to stop after the step it is in, with a checkpoint (last logged: step 3)",
+        "1 run(s) had already ended: done (`rpg runs` shows how)",
+        "stopped 3 run(s): never, fresh, queued (they had not started training: nothing to save)",
+        "not waiting (--no-wait): `rpg runs` shows each run stopped, with the step of its checkpoint",
+    ]
+    assert (plans["train"].run_dir / "stop_request").read_text() == "cancelled\n"
+    assert sorted(ray.stops) == ["id-fresh", "id-queued"] and ray.jobs["id-train"] == "RUNNING"
+    assert recorded(db, plans) == {
+        "train": ("running", None, 0),
+        "fresh": ("stopped", "cancelled with `rpg cancel`", 1),
+        "queued": ("stopped", "cancelled with `rpg cancel`", 3),
+        "never": ("stopped", "cancelled with `rpg cancel`", 3),
+        "done": ("succeeded", None, 3),
+    }
+
+
+def test_graceful_waits_for_the_checkpoint_and_says_the_step(tmp_path, fake_ray):
+    runs = tmp_path / "runs"
+    ray = fake_ray({"id-train": "RUNNING"})
+    ray.install_as_local_head(runs)
+    db = f"sqlite:///{tmp_path / 'results.db'}"
+    plans = record_runs(db, runs, {"train": "running"})
+    trainer = fake_trainer(plans["train"].run_dir, ray, "id-train")
+
+    result = cancel("train", "--graceful", "--timeout", "30", "--db", db, "--runs-dir", str(runs))
+    trainer.join()
+    assert result.exit_code == 0, result.output
+    assert lines(result) == [
+        "asked train to stop after the step it is in, with a checkpoint (last logged: step 3)",
+        "waiting up to 30 s for 1 run(s) to stop (--timeout; Ctrl-C stops waiting, the requests stand)",
+        "train stopped at step 4, its checkpoint saved",
+    ]
+    status, error, steps = recorded(db, plans)["train"]
+    assert (status, steps) == ("stopped", 4) and "at step 4" in error and "--retry-failed" in error
+    assert ray.stops == []  # Ray was never asked: the job ended by itself
+
+
+def test_graceful_names_the_runs_that_did_not_stop_in_time_and_how_to_force_them(tmp_path, fake_ray):
+    runs = tmp_path / "runs"
+    ray = fake_ray({"id-train": "RUNNING"})
+    ray.install_as_local_head(runs)
+    db = f"sqlite:///{tmp_path / 'results.db'}"
+    plans = record_runs(db, runs, {"train": "running"})
+    common = ["--db", db, "--runs-dir", str(runs)]
+
+    result = cancel("sw", "--graceful", "--timeout", "0.5", *common)
+    assert result.exit_code == 1
+    assert lines(result) == [
+        "asked train to stop after the step it is in, with a checkpoint (last logged: step 3)",
+        "waiting up to 0.5 s for 1 run(s) to stop (--timeout; Ctrl-C stops waiting, the requests stand)",
+        "rpg cancel: 1 run(s) did not stop within 0.5 s: train; their requests stand (each stops after its step): "
+        "`rpg cancel sw` without --graceful stops them now",
+    ]
+    assert recorded(db, plans) == {"train": ("running", None, 0)} and ray.stops == []
+
+    result = cancel("sw", *common)  # the way out it names
+    assert result.exit_code == 0 and lines(result) == ["stopped 1 run(s): train"]
+    assert ray.stops == ["id-train"] and recorded(db, plans)["train"][0] == "stopped"
+
+
+def test_graceful_refuses_what_cancel_refuses_and_asks_nothing(tmp_path, fake_ray):
+    """A run the cluster does not know (another head, user or cluster) refuses the sweep as a whole."""
+    runs = tmp_path / "runs"
+    fake_ray({"id-mine": "RUNNING"}).install_as_local_head(runs)
+    db = f"sqlite:///{tmp_path / 'results.db'}"
+    plans = record_runs(db, runs, {"mine": "running", "theirs": "running"})
+    result = cancel("sw", "--graceful", "--db", db, "--runs-dir", str(runs))
+    assert result.exit_code == 2 and "(theirs) are not on the local Ray head" in one_line(result)
+    assert not any((p.run_dir / "stop_request").exists() for p in plans.values())
+
+
+def test_graceful_cancel_of_a_slurm_sweep_asks_first_then_cancels_the_job(tmp_path, monkeypatch):
+    """The sweep's Ray is the Slurm job's (unreachable from here): the store says which runs train; once the
+    asked ones stopped (their stopped line: the watcher in the job records them), the job is cancelled and the
+    rest recorded stopped with it."""
+    from rpg_cli.orchestration import cancel as cancelling
+
+    monkeypatch.setattr(cancelling, "SETTLE_S", 0.2)  # no watcher runs here to record the stop
+    calls = _fake_slurm(tmp_path, "echo RUNNING")
+    monkeypatch.setenv("PATH", f"{tmp_path / 'bin'}:{os.environ['PATH']}")
+    db = f"sqlite:///{tmp_path / 'results.db'}"
+    plans = record_runs(db, tmp_path / "runs", {"train": "running", "queued": "submitted"})
+    trainer = fake_trainer(plans["train"].run_dir)
+
+    result = cancel("sw", "--graceful", "--timeout", "30", "--db", db, "--runs-dir", str(tmp_path / "runs"))
+    trainer.join()
+    assert result.exit_code == 0, result.output
+    assert lines(result) == [
+        "asked train to stop after the step it is in, with a checkpoint (last logged: step 3)",
+        "waiting up to 30 s for 1 run(s) to stop (--timeout; Ctrl-C stops waiting, the requests stand)",
+        "train stopped at step 4, its checkpoint saved",
+        "cancelled Slurm job 4242 (running); its Ray stops with it",
+        "stopped 2 run(s): train, queued",
+    ]
+    assert calls.read_text().split() == ["4242"]
+    found = recorded(db, plans)
+    assert found["queued"] == ("stopped", "cancelled with `rpg cancel`", 3)
+    assert found["train"][0] == "stopped" and "at step 4" in found["train"][1] and found["train"][2] == 4
+
+
+def test_graceful_with_a_slurm_job_that_does_not_stop_in_time_leaves_the_job(tmp_path, monkeypatch):
+    calls = _fake_slurm(tmp_path, "echo RUNNING")
+    monkeypatch.setenv("PATH", f"{tmp_path / 'bin'}:{os.environ['PATH']}")
+    db = f"sqlite:///{tmp_path / 'results.db'}"
+    plans = record_runs(db, tmp_path / "runs", {"train": "running"})
+    result = cancel("sw", "--graceful", "--timeout", "0.3", "--db", db, "--runs-dir", str(tmp_path / "runs"))
+    assert result.exit_code == 1
+    assert lines(result)[-1] == (
+        "rpg cancel: 1 run(s) did not stop within 0.3 s: train; their requests stand (each stops after its step); "
+        "the sweep's Slurm job 4242 runs on: `rpg cancel sw` without --graceful stops them now"
+    )
+    assert not calls.exists() and recorded(db, plans) == {"train": ("running", None, 0)}
+
+
+TOY_SWEEP = """\
+name: toy
+base:
+  algorithm: grpo
+  model: data/toy/model
+  context: 2k
+  data: {train_files: [data/toy/train.parquet]}
+  train_batch_size: 4
+  rollout_n: 4
+  ppo_mini_batch_size: 4
+  steps: 5000
+  seed: 0
+  optimizer: adamw
+  lr: 5.0e-4
+  beta: 1.0e-3
+  reference: iterative
+  clip: {eps_low: 0.2, eps_high: 0.28, c: 10.0}
+  rollout: {temperature: 1.0, top_p: 1.0, engine: hf}
+  save_every: 1000
+  backend: local
+  resources: {nodes: 1, gpus_per_node: 0, cpus: 1}
+grid:
+  algorithm: [grpo]
+"""
+
+
+@pytest.mark.slow
+def test_graceful_cancel_of_a_toy_run_on_a_real_head_saves_the_step_it_was_in(tmp_path, monkeypatch):
+    """The local backend's toy run under `rpg sweep` on a real local head: asked through the CLI, it ends after
+    the step it is in with that step's checkpoint (save_every is 1000: only the stop can have saved it), its job
+    exits by itself, and the run is recorded stopped at that step."""
+    pytest.importorskip("torch")
+    from rpg_cli import rundir
+    from rpg_cli.datasets import toy
+    from rpg_cli.orchestration.cancel import attempt_step
+    from rpg_cli.orchestration.head import stop_local_head
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(toy, "warm_up_format", lambda *args, **kwargs: 0.0)  # untrained: only its steps matter
+    toy.write_toy(tmp_path / "data" / "toy")
+    Path("toy.yaml").write_text(TOY_SWEEP)
+    runner = CliRunner()
+    runs, db = tmp_path / "runs", f"sqlite:///{tmp_path / 'results.db'}"
+    common = ["--db", db, "--runs-dir", str(runs)]
+    try:
+        result = runner.invoke(app, ["sweep", "toy.yaml", "--detach", *common])
+        assert result.exit_code == 0, result.output
+        (run_dir,) = [p for p in (runs / "toy").iterdir() if p.is_dir() and p.name != "slurm"]
+        deadline = time.monotonic() + 240
+        while (attempt_step(run_dir / "metrics.jsonl") or 0) < 3:
+            assert time.monotonic() < deadline, "the toy run did not reach step 3"
+            time.sleep(0.2)
+
+        result = cancel("toy", "--graceful", "--timeout", "120", *common)
+        assert result.exit_code == 0, result.output
+        asked, waiting, stopped = lines(result)
+        last = int(asked.rsplit("step ", 1)[1].rstrip(")"))
+        assert (
+            asked
+            == f"asked {run_dir.name} to stop after the step it is in, with a checkpoint (last logged: step {last})"
+        )
+        assert (
+            waiting == "waiting up to 120 s for 1 run(s) to stop (--timeout; Ctrl-C stops waiting, the requests stand)"
+        )
+        step = int(stopped.split("at step ")[1].split(",")[0])
+        assert stopped == f"{run_dir.name} stopped at step {step}, its checkpoint saved"
+        assert 3 <= last <= step < 1000 and step in rundir.find_checkpoints(run_dir)
+        store = open_store(db, create=False)
+        try:
+            (run,) = store.runs(sweep="toy")
+            assert run.status == "stopped" and f"at step {step}" in run.error
+            assert max(store.run_history(run.id)[0]) == step
+        finally:
+            store.close()
     finally:
         stop_local_head(runs)

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 from typer.testing import CliRunner
 
-from rpg_cli import report, stats
+from rpg_cli import report, rundir, stats
 from rpg_cli.cli import app
 from rpg_cli.orchestration.plan import RunPlan
 from rpg_cli.store import open_store
@@ -39,7 +39,8 @@ class Builder:
     def __init__(self, store, root):
         self.store, self.root, self.count = store, root, 0
 
-    def run(self, spec_: dict, sweep: str = "sw") -> str:
+    def run(self, spec_: dict, sweep: str = "sw", status: str = "succeeded") -> str:
+        """A run recorded in `status`: a table and a comparison hold finished runs only."""
         self.count += 1
         run_id = f"r{self.count:04d}"
         name = f"{spec_['algorithm']}-s{spec_['seed']}-{run_id}"
@@ -54,6 +55,7 @@ class Builder:
                 entrypoint=["true"],
             )
         )
+        self.store.set_status(run_id, status)
         return run_id
 
     def evaluate(
@@ -412,3 +414,72 @@ def test_fixed_problems_table_is_narrower_and_says_so(build, db):
     doc = json.loads(invoke("report", "--table", "--fixed-problems", "--format", "json", "--db", db).output)
     assert doc["intervals_over"] == stats.THESE_PROBLEMS
     assert doc["groups"][0]["rows"][0]["cells"]["toy_add"]["last"]["covers"] == stats.THESE_PROBLEMS
+
+
+# ---------------------------------------------------------------------- runs that did not finish
+
+
+def lose(build, run_id: str, status: str, error: str | None = None, last_step: int | None = None) -> None:
+    """Record `run_id` as ended in `status`, having logged metrics through `last_step`."""
+    if last_step is not None:
+        path = build.root / f"{run_id}.jsonl"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(
+            "".join(json.dumps({"step": s, "data": {"critic/score/mean": 0.5}}) + "\n" for s in range(1, last_step + 1))
+        )
+        build.store.ingest_metrics(run_id, path)
+    build.store.set_status(run_id, status, error=error)
+
+
+def test_compare_counts_the_seeds_each_side_lost_and_compares_only_the_finished(build, db):
+    """GRPO's seed 2 diverged (its `rpg eval` scores stay out), DAPO lost two seeds two ways: the verdict says
+    so per side, and the numbers are those of the finished runs alone."""
+    ids = two_methods(build, 0.3, seeds=(0, 1, 2))
+    lose(build, ids["grpo", 2], "failed", rundir.diverged(120, "actor/pg_loss is nan"), last_step=125)
+    lose(build, ids["dapo", 1], "preempted", last_step=40)
+    lose(build, ids["dapo", 2], "failed", "torch.OutOfMemoryError: CUDA out of memory", last_step=7)
+    res = invoke("compare", "GRPO", "DAPO", "--db", db)
+    assert res.exit_code == 0, res.output
+    lines = res.output.splitlines()
+    assert lines[:2] == [
+        "A: GRPO, 2 runs (seeds 0, 1); did not finish, not compared: seed 2, diverged at step 120 (actor/pg_loss is nan)",
+        "B: DAPO, 1 run (seed 0); did not finish, not compared: seed 1, preempted at step 40; "
+        "seed 2, failed at step 7: torch.OutOfMemoryError: CUDA out of memory",
+    ]
+    assert lines[3].startswith("toy_add: DAPO - GRPO = +")
+    assert lines[4:6] == [
+        "GRPO: 1 of 3 seeds diverged at step 120; the interval is over the 2 that finished",
+        "DAPO: 2 of 3 seeds did not finish (1 preempted at step 40, 1 failed at step 7); "
+        "the interval is over the 1 that finished",
+    ]
+    doc = json.loads(invoke("compare", "GRPO", "DAPO", "--format", "json", "--db", db).output)
+    assert doc["not_finished"] == lines[4:6]
+    assert {k: doc["a"][k] for k in ("runs", "finished", "ran")} == {
+        "runs": ["grpo-s0-r0001", "grpo-s1-r0002"],
+        "finished": 2,
+        "ran": 3,
+    }
+    assert doc["a"]["not_finished"] == [
+        {"name": "grpo-s2-r0003", "seed": 2, "state": "diverged", "reason": "actor/pg_loss is nan", "step": 120}
+    ]
+    assert [(u["seed"], u["state"], u["step"]) for u in doc["b"]["not_finished"]] == [
+        (1, "preempted", 40),
+        (2, "failed", 7),
+    ]
+    finished_only = json.loads(
+        invoke("compare", "grpo-s0-r0001,grpo-s1-r0002", "dapo-s0-r0004", "--format", "json", "--db", db).output
+    )
+    assert finished_only["comparisons"][0]["difference"] == doc["comparisons"][0]["difference"]
+    assert finished_only["not_finished"] == []
+
+
+def test_compare_refuses_a_side_none_of_whose_runs_finished(build, db):
+    ids = two_methods(build, 0.3, seeds=(0, 1))
+    lose(build, ids["dapo", 0], "running", last_step=37)
+    lose(build, ids["dapo", 1], "failed", rundir.diverged(9, "actor/pg_loss is nan"))
+    res = invoke("compare", "GRPO", "DAPO", "--db", db)
+    assert res.exit_code == 2
+    assert res.output.strip() == (
+        "rpg compare: B (DAPO): no run of it finished (seed 0 running, step 37; seed 1 diverged at step 9 "
+        "(actor/pg_loss is nan)); only finished runs are compared: `rpg runs` shows where each one is"
+    )

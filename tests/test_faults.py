@@ -430,6 +430,7 @@ def scored_store(tmp_path: Path) -> str:
         "".join(json.dumps({"step": s, "data": {"critic/score/mean": s / 10}}) + "\n" for s in (1, 2, 3))
     )
     store.ingest_metrics("r1", metrics)
+    store.set_status("r1", "succeeded")  # a table scores finished runs only
     store.record_evals(
         [
             {
@@ -455,7 +456,7 @@ def scored_store(tmp_path: Path) -> str:
 
 @pytest.mark.parametrize("umask", [0o022, 0o002])
 def test_tables_plots_and_job_logs_are_written_with_the_users_umask(umask, tmp_path):
-    from rpg_cli.orchestration.sweep import _save_log
+    from rpg_cli.orchestration.sweep import save_log
 
     db = scored_store(tmp_path)
     previous = os.umask(umask)
@@ -465,7 +466,7 @@ def test_tables_plots_and_job_logs_are_written_with_the_users_umask(umask, tmp_p
             app, ["report", "--plot", "--metrics", "reward", "--db", db, "-o", str(tmp_path / "plots")]
         )
         run = SimpleNamespace(submission_id="j", run_dir=tmp_path / "run")
-        _save_log(SimpleNamespace(get_job_logs=lambda submission_id: "the job's output\n"), run)
+        save_log(SimpleNamespace(get_job_logs=lambda submission_id: "the job's output\n"), run)
     finally:
         os.umask(previous)
     assert table.exit_code == 0 and plots.exit_code == 0, table.output + plots.output

@@ -196,7 +196,15 @@ def test_sweep_runs_to_completion_then_skips_then_retries(cluster, tmp_path):
 
     assert final.finished and snapshots[-1] == final and len(snapshots) >= 2
     assert sum(snapshots[0].counts.values()) == 4 and snapshots[0].counts["succeeded"] == 0
-    assert final.counts == {"pending": 0, "submitted": 0, "running": 0, "succeeded": 3, "failed": 1, "stopped": 0}
+    assert final.counts == {
+        "pending": 0,
+        "submitted": 0,
+        "running": 0,
+        "succeeded": 3,
+        "failed": 1,
+        "stopped": 0,
+        "preempted": 0,
+    }
     by_name = {r.name: r for r in final.runs}
     assert "trainer failing on purpose" in by_name["flaky"].error
     store = open_store(db)

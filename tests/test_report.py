@@ -6,6 +6,7 @@ per-problem intervals are test_compare.py's), bold/underline, the four text form
 from __future__ import annotations
 
 import csv
+import dataclasses
 import io
 import json
 import re
@@ -15,9 +16,10 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from rpg_cli import report, stats
+from rpg_cli import report, rundir, stats
 from rpg_cli.cli import app
 from rpg_cli.orchestration.plan import RunPlan
+from rpg_cli.states import STATUSES
 from rpg_cli.store import open_store
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
@@ -63,7 +65,8 @@ class Filler:
     def __init__(self, store, root: Path):
         self.store, self.root, self.n = store, root, 0
 
-    def run(self, spec_: dict, sweep: str = "sw", name: str | None = None) -> str:
+    def run(self, spec_: dict, sweep: str = "sw", name: str | None = None, status: str | None = "succeeded") -> str:
+        """A run recorded in `status` (None: as planned, pending): a table holds finished runs only."""
         self.n += 1
         run_id = f"r{self.n:04d}"
         name = name or f"{spec_['algorithm']}-{spec_['kl']}-s{spec_['seed']}-{run_id}"
@@ -77,6 +80,8 @@ class Filler:
             entrypoint=["true"],
         )
         self.store.record_plan(plan)
+        if status is not None:
+            self.store.set_status(run_id, status)
         return run_id
 
     def metrics(self, run_id: str, rows: dict[int, dict[str, float]]) -> None:
@@ -390,6 +395,9 @@ def test_training_validation_metrics_feed_the_table(store, fill):
     assert maj.benchmarks == ["amc23"] and row_of(maj, "DAPO").cells[("amc23", "best_test")].mean == 0.9
 
 
+AIME24_COLUMNS = [("aime24", "last"), ("aime24", "best_test")]
+
+
 def test_validation_logged_before_ingestion_copied_it_is_read_from_the_metrics(tmp_path):
     """A results.db written before the store copied logged validation into `evals` (schema version 1):
     the report reads those runs' val-core metrics directly."""
@@ -401,6 +409,15 @@ def test_validation_logged_before_ingestion_copied_it_is_read_from_the_metrics(t
     con.close()
     store = open_store(f"sqlite:///{db}", create=False)
     try:
+        # as recorded: one run failed, one still running: neither's logged validation stands in for a score
+        (row,) = [r for g in report.build_table(store, compare_paper=True).groups for r in g.rows]
+        assert (row.seeds_text, row.runs, list(row.cells)) == ("1/3", ["rpg-urkl-s1-v1run001"], AIME24_COLUMNS)
+        assert [(u.seed, u.text()) for u in row.not_finished] == [
+            (2, "failed at step 4: Traceback ..."),
+            (3, "running, step 4"),
+        ]
+        for run_id in ("v1run002", "v1run003"):  # had they finished, their validation is read from `metrics`
+            store.set_status(run_id, "succeeded")
         table = report.build_table(store, compare_paper=True)
     finally:
         store.close()
@@ -606,8 +623,8 @@ def test_cli_plot_metric_nobody_logged(db, curves, tmp_path):
 def test_runs_summary_columns_and_where(store, fill):
     from datetime import datetime
 
-    a = fill.run(spec("rpg", "ufkl", optimizer="schedule_free", clip=(0.1, 0.1)))
-    b = fill.run(spec("grpo"))
+    a = fill.run(spec("rpg", "ufkl", optimizer="schedule_free", clip=(0.1, 0.1)), status=None)
+    b = fill.run(spec("grpo"), status=None)
     fill.metrics(
         a,
         {
@@ -699,3 +716,180 @@ def test_report_options_are_frozen_and_the_cli_declares_their_defaults():
                     assert cli[f.name] == f.default, (command, f.name)
                     checked += 1
         assert checked >= 4
+
+
+# ------------------------------------------------------------------- runs that did not finish
+
+DIVERGED = "rpg local backend: " + rundir.diverged(12, "actor/pg_loss is nan")  # as the local backend's job says it
+OOM = "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB\nmore of the log"
+
+
+def record_state(store, run_id: str, status: str, error: str | None = None) -> None:
+    """`status` as rpg records it; a state this tree's states.py lacks yet (preempted: issue 30 item 1) skips."""
+    if status not in STATUSES:
+        pytest.skip(f"states.py has no {status!r} state yet")
+    store.set_status(run_id, status, error=error)
+
+
+def val_metrics(last_step: int, val: dict[int, float]) -> dict[int, dict[str, float]]:
+    """A run's metrics through `last_step`, with logged validation (aime24's data source) at `val`'s steps."""
+    return {
+        s: {"critic/score/mean": 0.1, **({"val-core/math_dapo/acc/mean@32": val[s]} if s in val else {})}
+        for s in range(1, last_step + 1)
+    }
+
+
+@pytest.fixture
+def demo(store, fill):
+    """The issue's demo: GRPO seeds 0-2 scored by `rpg eval`, seed 2 diverged at step 12 (its eval rows gone,
+    its own validation logged at step 10, 0.95: it must never stand in); DAPO seeds 0-3 scored by their
+    logged validation, seed 2 failed out of memory at step 3, seed 3 still running at step 7."""
+    ids = {}
+    for seed, value in ((0, 0.6), (1, 0.8), (2, None)):
+        ids["grpo", seed] = run = fill.run(spec("grpo", seed=seed), name=f"grpo-s{seed}", status=None)
+        fill.metrics(run, val_metrics(15 if value is not None else 12, {10: 0.95}))
+        if value is not None:
+            fill.evals(run, "aime24", {15: value})
+            store.set_status(run, "succeeded")
+    store.set_status(ids["grpo", 2], "failed", error=DIVERGED)
+    for seed, last, val in ((0, 10, 0.3), (1, 10, 0.5), (2, 3, 0.9), (3, 7, 0.9)):
+        ids["dapo", seed] = run = fill.run(spec("dapo", seed=seed), name=f"dapo-s{seed}", status=None)
+        fill.metrics(run, val_metrics(last, {last: val}))
+    for seed in (0, 1):
+        store.set_status(ids["dapo", seed], "succeeded")
+    store.set_status(ids["dapo", 2], "failed", error=OOM)
+    store.set_status(ids["dapo", 3], "running")
+    return ids
+
+
+DEMO_LOST = (
+    "seeds: finished/ran; did not finish, so no score (each interval is over the seeds that finished): "
+    "GRPO seed 2: diverged at step 12 (actor/pg_loss is nan); "
+    "DAPO seed 2: failed at step 3: torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB; "
+    "DAPO seed 3: running, step 7"
+)
+
+
+def test_a_diverged_seed_is_counted_named_and_its_validation_never_stands_in(db, demo):
+    """`GRPO | 2/3 |`: the interval over the two that finished, the diverged seed named in the footer with its
+    step and reason; its logged validation (0.95) enters no cell, and no failed or live run's does."""
+    res = invoke("report", "--table", "--db", db, "--format", "markdown")
+    assert res.exit_code == 0, res.output
+    lines = res.output.splitlines()
+    grpo, dapo = stats.score_from_means([0.6, 0.8]), stats.score_from_means([0.3, 0.5])
+    assert lines[4:8] == [
+        "| Method | Seeds | aime24 Last |",
+        "|:---|---:|---:|",
+        f"| GRPO | 2/3 | **70.0 [{grpo.low * 100:.1f}, {grpo.high * 100:.1f}]** |",
+        f"| DAPO | 2/4 | <u>40.0 [{dapo.low * 100:.1f}, {dapo.high * 100:.1f}]</u> |",
+    ]
+    assert f"- {DEMO_LOST}" in lines
+    assert lines[-1] == (
+        f"- Sources: rpg eval (scorer dapo, mean@32, {SHOWN}): 2 runs; "
+        f"training validation (mean@32, {val_shown()}): 2 runs."
+    )
+    terminal = invoke("report", "--table", "--db", db)
+    assert terminal.exit_code == 0, terminal.output
+    assert re.search(r"GRPO +│ +2/3 │ +70\.0 ±", terminal.output), terminal.output
+    assert DEMO_LOST in " ".join(terminal.output.split())  # the footer may wrap
+
+
+def test_unfinished_runs_in_csv_and_json(db, demo):
+    """Per row: seeds (finished) and ran; per cell: finished, ran, and each run that did not finish."""
+    records = list(csv.DictReader(io.StringIO(invoke("report", "--db", db, "--format", "csv").output)))
+    assert [(r["method"], r["seeds"], r["ran"], r["runs"]) for r in records] == [
+        ("GRPO", "2", "3", "grpo-s0 grpo-s1"),
+        ("DAPO", "2", "4", "dapo-s0 dapo-s1"),
+    ]
+    diverged = {"name": "grpo-s2", "seed": 2, "state": "diverged", "reason": "actor/pg_loss is nan", "step": 12}
+    assert (records[0]["aime24_last_finished"], records[0]["aime24_last_ran"]) == ("2", "3")
+    assert json.loads(records[0]["aime24_last_not_finished"]) == [diverged]
+    doc = json.loads(invoke("report", "--db", db, "--format", "json").output)
+    grpo, dapo = doc["groups"][0]["rows"]
+    assert (grpo["finished"], grpo["ran"], dapo["finished"], dapo["ran"]) == (2, 3, 2, 4)
+    cell = dapo["cells"]["aime24"]["last"]
+    assert (cell["mean"], cell["n"], cell["finished"], cell["ran"]) == (pytest.approx(0.4), 2, 2, 4)
+    assert cell["not_finished"] == [
+        {
+            "name": "dapo-s2",
+            "seed": 2,
+            "state": "failed",
+            "reason": "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB",
+            "step": 3,
+        },
+        {"name": "dapo-s3", "seed": 3, "state": "running", "reason": None, "step": 7},
+    ]
+    assert grpo["cells"]["aime24"]["last"]["not_finished"] == [diverged]
+    assert DEMO_LOST in doc["notes"]
+
+
+def test_preempted_and_stopped_seeds_are_counted_and_a_method_that_lost_every_seed_keeps_its_row(db, store, fill):
+    kept = fill.run(spec("grpo", seed=0), name="grpo-s0")
+    fill.evals(kept, "aime24", {20: 0.5})
+    preempted = fill.run(spec("grpo", seed=1), name="grpo-s1", status=None)
+    fill.metrics(preempted, val_metrics(40, {20: 0.9}))
+    fill.evals(preempted, "aime24", {20: 0.9})  # evaluated mid-run: still no score of a run that did not finish
+    stopped = fill.run(spec("dapo", seed=0), name="dapo-s0", status=None)
+    fill.metrics(stopped, val_metrics(6, {}))
+    store.set_status(stopped, "stopped", error="cancelled by `rpg cancel`")
+    record_state(store, preempted, "preempted")
+    res = invoke("report", "--table", "--db", db, "--format", "markdown")
+    assert res.exit_code == 0, res.output
+    assert [line for line in res.output.splitlines() if line.startswith(("| GRPO", "| DAPO"))] == [
+        "| GRPO | 1/2 | 50.0 |",
+        "| DAPO | 0/1 | - |",
+    ]
+    assert (
+        "- seeds: finished/ran; did not finish, so no score (each interval is over the seeds that finished): "
+        "GRPO seed 1: preempted at step 40; DAPO seed 0: stopped at step 6: cancelled by `rpg cancel`"
+    ) in res.output.splitlines()
+
+
+def test_unfinished_states_and_steps_as_a_footer_says_them(store, fill):
+    """Each state but succeeded, one not known today too ("evicted"), with its step from the store."""
+    from rpg_cli.report.scores import unfinished_runs
+
+    run_id = fill.run(spec("grpo"), status=None)
+    fill.metrics(run_id, val_metrics(40, {}))
+    record = store.run(run_id)
+
+    def said(status: str, error: str | None = None) -> str | None:
+        lost = unfinished_runs(store, [dataclasses.replace(record, status=status, error=error)])
+        return lost[run_id].text() if run_id in lost else None
+
+    assert said("succeeded") is None
+    assert said("preempted") == "preempted at step 40"
+    assert said("evicted", "the node went away\ntraceback") == "evicted at step 40: the node went away"
+    assert said("failed", rundir.diverged(38, "grad_norm is inf")) == "diverged at step 38 (grad_norm is inf)"
+    assert said("failed", "x" * 300) == "failed at step 40: " + "x" * 197 + "..."
+    assert said("stopped", "cancelled") == "stopped at step 40: cancelled"
+    assert [said(s) for s in ("pending", "submitted", "running")] == ["running, step 40"] * 3
+    never = fill.run(spec("dapo"), status="failed")
+    assert unfinished_runs(store, [store.run(never)])[never].text() == "failed before its first step"
+
+
+def test_a_table_of_runs_none_of_which_finished_says_so_in_one_line(db, store, fill):
+    for seed, status in ((0, "running"), (1, "running"), (2, "failed")):
+        run = fill.run(spec("grpo", seed=seed), status=status)
+        fill.evals(run, "aime24", {5: 0.5})
+    res = invoke("report", "--table", "--db", db)
+    assert res.exit_code == 2
+    assert res.output.strip() == (
+        "rpg report: no run has finished (2 running, 1 failed): a table holds finished runs only; "
+        "`rpg runs` shows where each one is"
+    )
+
+
+def test_finished_runs_without_scores_are_told_from_the_others_and_a_shared_seed_names_the_run(db, store, fill):
+    from rpg_cli.report.scores import Unfinished, who
+
+    fill.run(spec("grpo", seed=0))  # finished, never evaluated
+    lost = fill.run(spec("grpo", seed=1), status=None)
+    fill.metrics(lost, val_metrics(12, {10: 0.95}))  # its own validation: no score of a run that did not finish
+    store.set_status(lost, "failed", error=rundir.diverged(12, "actor/pg_loss is nan"))
+    res = invoke("report", "--table", "--db", db)
+    assert res.exit_code == 2 and res.output.strip().endswith(
+        "run `rpg eval RUN` (or train with validation on) (finished runs; 1 diverged did not finish and give none)"
+    ), res.output
+    run = Unfinished("r9", "grpo-s1-r9", 1, "running", None, 3)
+    assert who(run, [0, 1], "GRPO") == "GRPO seed 1" and who(run, [1, 1], "GRPO") == "GRPO grpo-s1-r9"

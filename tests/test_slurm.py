@@ -85,7 +85,7 @@ def test_dry_run_of_a_tiny_cpu_grid_is_exact_and_writes_nothing(no_slurm_here):
         "#SBATCH --cpus-per-task=2",  # two 1-CPU runs at once
         "#SBATCH --mem=10240M",  # 2 x 4096M + 2048M for Ray's head and the watcher
         f"#SBATCH --output={slurm}/slurm-%j.out",
-        "#SBATCH --signal=B:USR1@120",
+        "#SBATCH --signal=B:USR1@600",
     ]
     assert "{{" not in result.stdout and "--num-cpus=2 --num-gpus=0" in result.stdout
     sweep_line = next(line for line in result.stdout.splitlines() if "-m rpg_cli sweep" in line)
@@ -139,6 +139,58 @@ def test_a_request_no_run_could_start_in_is_refused_with_one_line(no_slurm_here,
     assert result.exit_code == 2
     assert says in result.stderr and len(result.stderr.strip().splitlines()) == 1, result.stderr
     assert result.stdout == ""
+
+
+def test_requeue_and_grace_go_into_the_script(no_slurm_here):
+    work = no_slurm_here
+    spec = write_sweep(work, "tiny", "  algorithm: [grpo]")
+    result = dry_run(str(spec), "--requeue", "--grace", "300", "--time", "1:00:00")
+    assert result.exit_code == 0, result.output
+    directives = [line for line in result.stdout.splitlines() if line.startswith("#SBATCH")]
+    assert directives[-4:] == [
+        f"#SBATCH --output={work / 'runs' / 'tiny' / 'slurm'}/slurm-%j.out",
+        "#SBATCH --signal=B:USR1@300",
+        "#SBATCH --requeue",
+        "#SBATCH --open-mode=append",  # the requeued job's output goes on in the same file
+    ]
+    trap = result.stdout.split("on_signal() {")[1].split("\n}\n")[0]
+    assert (
+        f"{sys.executable} -m rpg_cli.orchestration.slurm preempt tiny --runs-dir {work / 'runs'} --db "
+        'sqlite:///runs/results.db --grace 300 "$1" --address "$DASHBOARD"' in trap
+    )
+    assert 'if [ "$1" = USR1 ] && [ 1 = 1 ]; then' in trap and 'scontrol requeue "$SLURM_JOB_ID"' in trap
+    plain = dry_run(str(spec))
+    assert "#SBATCH --requeue" not in plain.stdout and 'if [ "$1" = USR1 ] && [ 0 = 1 ]; then' in plain.stdout
+    for args, says in (
+        (["--grace", "30"], "--grace 30 s: give 31 to 65535"),
+        (["--grace", "300", "--time", "5"], "--time 5 leaves no time to run: the runs are stopped 300 s before"),
+    ):
+        refused = dry_run(str(spec), *args)
+        assert refused.exit_code == 2 and says in refused.stderr, refused.stderr
+
+
+def test_the_time_a_signal_leaves_the_runs(tmp_path, monkeypatch):
+    """USR1: the job's time left as squeue says (at most --grace); TERM: KillWait; 30 s of either stop Ray."""
+    from rpg_cli.orchestration.slurm import stop_budget
+
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    monkeypatch.setenv("PATH", f"{bin_dir}:{os.environ['PATH']}")
+
+    def slurm_says(squeue: str, kill_wait: str) -> None:
+        (bin_dir / "squeue").write_text(f"#!/bin/sh\necho '{squeue}'\n")
+        (bin_dir / "scontrol").write_text(f"#!/bin/sh\necho 'KillWait                = {kill_wait} sec'\n")
+        for name in ("squeue", "scontrol"):
+            (bin_dir / name).chmod(0o755)
+
+    slurm_says("4:10", "45")
+    assert stop_budget("USR1", 600, "7") == 250 - 30  # 4 min 10 s left
+    assert stop_budget("TERM", 600, "7") == 45 - 30
+    slurm_says("1:00:00", "10")
+    assert stop_budget("USR1", 600, "7") == 600 - 30  # the signal came early (scancel --signal): --grace bounds it
+    assert stop_budget("TERM", 600, "7") == 0  # KillWait 10 s: Ray's stop takes all of it
+    slurm_says("UNLIMITED", "30")
+    assert stop_budget("USR1", 120, "7") == 90
 
 
 def test_time_limits_in_every_form_sbatch_takes():
@@ -238,7 +290,8 @@ SlurmctldHost={node}(127.0.0.1)
 SlurmctldPort={ctld_port}
 SlurmdPort={d_port}
 AuthType=auth/munge
-AuthInfo=socket={root}/munge.sock
+# cred_expire: a requeued job waits this long before it starts again (slurm.conf(5); default 120 s)
+AuthInfo=socket={root}/munge.sock,cred_expire=30
 CredType=cred/munge
 SlurmUser=root
 SlurmdUser=root
@@ -252,6 +305,7 @@ SlurmdLogFile={root}/slurmd.log
 ProctrackType=proctrack/linuxproc
 TaskPlugin=task/none
 SchedulerType=sched/backfill
+SchedulerParameters=sched_interval=5
 SelectType=select/cons_tres
 SelectTypeParameters=CR_Core_Memory
 ReturnToService=2
@@ -305,11 +359,19 @@ PartitionName=debug Nodes=ALL Default=YES MaxTime=INFINITE State=UP
                 daemon.wait()
 
 
-@pytest.fixture
-def toy_workdir(tmp_path):
-    """A working directory with the toy task under data/toy/, as `rpg prepare-data --toy` writes it."""
-    result = CliRunner().invoke(app, ["prepare-data", "--toy", "--out", str(tmp_path / "data")])
+@pytest.fixture(scope="module")
+def toy_data(tmp_path_factory):
+    """The toy task, as `rpg prepare-data --toy` writes it, once for the module (its warm-up takes a while)."""
+    data = tmp_path_factory.mktemp("toy") / "data"
+    result = CliRunner().invoke(app, ["prepare-data", "--toy", "--out", str(data)])
     assert result.exit_code == 0, result.output
+    return data
+
+
+@pytest.fixture
+def toy_workdir(tmp_path, toy_data):
+    """A working directory with the toy task under data/toy/ (a copy: each test's own)."""
+    shutil.copytree(toy_data, tmp_path / "data")
     return tmp_path
 
 
@@ -363,6 +425,7 @@ def store_runs(work: Path, sweep: str) -> dict[int, tuple]:
         store.close()
 
 
+@pytest.mark.cluster
 def test_a_sweep_runs_through_slurm_and_a_second_submission_does_nothing(slurm_cluster, toy_workdir):
     work, env = toy_workdir, slurm_cluster
     write_sweep(work, "through", "  steps: [2, 3]")
@@ -389,6 +452,7 @@ def test_a_sweep_runs_through_slurm_and_a_second_submission_does_nothing(slurm_c
     }
 
 
+@pytest.mark.cluster
 def test_a_cancelled_allocation_loses_nothing_and_resubmitting_continues_it(slurm_cluster, toy_workdir):
     work, env = toy_workdir, slurm_cluster
     write_sweep(work, "cancelled", "  steps: [2, 1000]", save_every=50)  # a toy step takes ~15 ms
@@ -407,15 +471,20 @@ def test_a_cancelled_allocation_loses_nothing_and_resubmitting_continues_it(slur
             return False
         if set(runs) != {2, 1000}:
             return False
-        (short, _), (long, _) = runs[2], runs[1000]
-        return short.status == "succeeded" and max(logged_steps(long.metrics_path), default=0) >= 120
+        (short, _), (long, ingested) = runs[2], runs[1000]
+        # the store ingests on the sweep's poll, behind the file: cancel once it holds the first checkpoint's steps
+        return (
+            short.status == "succeeded"
+            and max(ingested, default=0) >= 100 <= max(logged_steps(long.metrics_path), default=0) - 20
+        )
 
     _wait_for(short_done_long_saved, 240, "the short run to succeed and the long one to save a checkpoint", 1)
     subprocess.run(["scancel", job_id], env=env, check=True, timeout=60)
     assert_job_gone(job_id, work, "cancelled", env)
     cut = store_runs(work, "cancelled")
     (short, _), (long, steps_before) = cut[2], cut[1000]
-    assert long.status in ("running", "submitted"), long.error  # live: the next submission resumes it
+    # live, or preempted where it saw Slurm's TERM and saved its step: the next submission resumes it
+    assert long.status in ("running", "submitted", "preempted"), long.error
     assert 100 <= steps_before[-1] < 1000
 
     second = rpg("slurm", "cancelled.yaml", "--wait", cwd=work, env=env)
@@ -428,3 +497,79 @@ def test_a_cancelled_allocation_loses_nothing_and_resubmitting_continues_it(slur
     assert steps == list(range(1001))  # every step, none lost (0: the validation before training)
     restarts = [json.loads(line) for line in long_after.metrics_path.read_text().splitlines() if '"restart"' in line]
     assert len(restarts) == 1 and restarts[0]["restart"]["keep_through"] >= 100  # resumed from its checkpoint
+
+
+@pytest.mark.cluster
+def test_usr1_lets_the_runs_save_their_step_and_requeue_continues_the_sweep(slurm_cluster, toy_workdir):
+    """`rpg slurm --requeue`; USR1 to the batch script at a known step (as Slurm sends it --grace s before the time
+    limit): the long run finishes the step it is in, saves it (save_every is far: only the stop saves) and is
+    recorded preempted, and Ray stops; the job requeues itself (Slurm holds it for cred_expire, 30 s here: the
+    moment to look), starts again, and its `rpg sweep` resumes the run after that step: every step once."""
+    from rpg_cli import rundir
+    from rpg_cli.orchestration.cancel import attempt_step
+    from rpg_cli.store.ingest import stopped_at_end
+
+    work, env = toy_workdir, slurm_cluster
+    spec = write_sweep(work, "preempt", "  steps: [2, 1500]", save_every=1500)  # ~25 s of toy steps
+    spec.write_text(spec.read_text().replace("every: 50", "every: 1500"))  # validation at 0 and the end only
+    sweep = subprocess.Popen(
+        [sys.executable, "-m", "rpg_cli", "slurm", "preempt.yaml", "--requeue", "--wait"],
+        cwd=work,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        job_file = work / "runs" / "preempt" / "slurm" / "job_id"
+        job_id = _wait_for(lambda: job_file.exists() and job_file.read_text().strip(), 120, "the job's id")
+
+        def long_in_training() -> Path | None:
+            try:
+                runs = store_runs(work, "preempt")
+            except Exception:  # no store yet
+                return None
+            if set(runs) != {2, 1500} or runs[2][0].status != "succeeded":
+                return None
+            path = runs[1500][0].metrics_path
+            return path if (attempt_step(path) or 0) >= 20 else None
+
+        metrics = _wait_for(long_in_training, 300, "the short run to succeed and the long one to train", 0.5)
+        subprocess.run(["scancel", "--signal=USR1", "--batch", job_id], env=env, check=True, timeout=60)
+
+        def requeued() -> bool:
+            done = subprocess.run(["squeue", "-h", "-j", job_id, "-o", "%T"], capture_output=True, text=True, env=env)
+            return done.stdout.strip() == "PENDING"
+
+        _wait_for(requeued, 120, f"job {job_id} to requeue itself")
+        cut = store_runs(work, "preempt")
+        (short, _), (long, steps) = cut[2], cut[1500]
+        stopped = stopped_at_end(metrics)
+        assert stopped is not None and stopped.why == rundir.PREEMPTED, metrics.read_text()[-300:]
+        at = stopped.step
+        assert long.status == "preempted" and f"at step {at}" in long.error, long.error
+        assert 20 <= at < 1500 and at in rundir.find_checkpoints(long.run_dir)  # the stop saved it
+        assert steps == list(range(at + 1))
+        assert not ray_processes(job_id) and not Path(f"/tmp/rpg-ray-{os.geteuid()}-{job_id}").exists()
+        output = (work / "runs" / "preempt" / "slurm" / f"slurm-{job_id}.out").read_text()
+        assert f"rpg slurm: {long.name} stopped at step {at}, its checkpoint saved (preempted)" in output
+        assert "rpg slurm: Ray stopped on 1 node(s)" in output and f"requeueing job {job_id} (--requeue)" in output
+
+        out, err = sweep.communicate(timeout=420)
+    finally:
+        if sweep.poll() is None:
+            sweep.kill()
+            subprocess.run(["scancel", job_id], env=env, timeout=60)
+    assert sweep.returncode == 0, out + err
+    assert f"Slurm job {job_id} ended (exit 0)" in out
+    output = (work / "runs" / "preempt" / "slurm" / f"slurm-{job_id}.out").read_text()
+    assert f"rpg slurm: job {job_id} starts again (requeued 1 time(s))" in output
+    assert output.index("requeueing job") < output.index("starts again")  # one file, both allocations
+    assert_job_gone(job_id, work, "preempt", env)
+    after = store_runs(work, "preempt")
+    (short_after, _), (long_after, steps) = after[2], after[1500]
+    assert (short_after.status, short_after.attempts, short_after.finished_at) == ("succeeded", 1, short.finished_at)
+    assert (long_after.status, long_after.attempts) == ("succeeded", 2)
+    assert steps == list(range(1501))  # every step once (0: the validation before training)
+    lines = [json.loads(line) for line in long_after.metrics_path.read_text().splitlines()]
+    assert [x["restart"] for x in lines if "restart" in x] == [{"keep_through": at}]  # resumed after its step

@@ -503,7 +503,7 @@ def test_a_database_written_before_schema_versions_opens_with_nothing_lost(tmp_p
         assert [r[: len(before[name][0])] for r in after[name]] == before[name]
     assert {r[-1] for r in after["runs"]} == {None}  # running_at (version 3)
     assert sorted(r[:4] for r in after["metric_files"]) == sorted(before["metric_files"])  # identity unknown: NULL
-    assert all(r[4:] == (None,) * 5 for r in after["metric_files"])  # and v4's restart_attempt, changed
+    assert all(r[4:] == (None,) * 7 for r in after["metric_files"])  # and v4's restart_attempt, changed; v5's two
     with sqlite3.connect(db) as con:
         evals = con.execute("SELECT run_id, step, benchmark, metric, k, scorer, value, scorer_version, n FROM evals")
         assert sorted(r[:-1] for r in evals.fetchall()) == sorted(before["evals"])
@@ -546,6 +546,64 @@ def test_a_new_version_upgrades_an_older_database_in_place_once(tmp_path, monkey
     fresh = tmp_path / "fresh.db"
     open_store(f"sqlite:///{fresh}").close()  # a new database starts at the latest version, no migration
     assert calls == [1] and table_rows(fresh)["schema_version"] == [(latest,)]
+
+
+def test_a_version_4_database_gains_the_stall_clock_and_takes_every_state(db_url, tmp_path):
+    """Version 5: metric_files.advanced_at (NULL for what was read before: no stall is judged until a step
+    comes) and resumed_after, and runs.status takes every state of states.STATUSES (version 4's check knew six)."""
+    import re
+
+    import sqlalchemy as sa
+
+    from rpg_cli.states import STATUSES
+
+    v4_states = ("pending", "submitted", "running", "succeeded", "failed", "stopped")
+    store = open_store(db_url)
+    try:
+        plans = [RunPlan(f"r{i}", f"r{i}", "s", "local", {"steps": 3}, tmp_path / f"r{i}", ["true"]) for i in range(9)]
+        store.record_plans(plans, "s")
+        plans[0].run_dir.mkdir(parents=True)
+        (plans[0].run_dir / "metrics.jsonl").write_text('{"step": 1, "data": {"timing_s/step": 2.0}}\n')
+        store.ingest_metrics("r0", plans[0].run_dir / "metrics.jsonl")
+        store.set_status("r0", "running", submission_id="r0")
+        old_check = "status IN ({})".format(", ".join(f"'{s}'" for s in v4_states))
+        with store.engine.begin() as conn:  # what version 4 wrote
+            for column in ("advanced_at", "resumed_after"):
+                conn.exec_driver_sql(f"ALTER TABLE metric_files DROP COLUMN {column}")
+            conn.exec_driver_sql("UPDATE schema_version SET version = 4")
+            if conn.dialect.name == "postgresql":
+                conn.exec_driver_sql("ALTER TABLE runs DROP CONSTRAINT runs_status")
+                conn.exec_driver_sql(f"ALTER TABLE runs ADD CONSTRAINT runs_status CHECK ({old_check})")
+    finally:
+        store.close()
+    if db_url.startswith("sqlite"):  # SQLite cannot alter a check: version 4's table, as it was created
+        with sqlite3.connect(db_url.removeprefix("sqlite:///")) as con:
+            (ddl,) = con.execute("SELECT sql FROM sqlite_master WHERE name = 'runs'").fetchone()
+            cookie = con.execute("PRAGMA schema_version").fetchone()[0]
+            con.execute("PRAGMA writable_schema = ON")
+            v4 = re.sub(r"status IN \([^)]*\)", old_check, ddl)
+            assert v4 != ddl
+            con.execute("UPDATE sqlite_master SET sql = ? WHERE name = 'runs'", (v4,))
+            con.execute(f"PRAGMA schema_version = {cookie + 1}")
+    store = open_store(db_url, create=False)  # upgraded as `rpg runs` opens it
+    try:
+        with store.engine.connect() as conn:
+            assert migrations.current_version(conn, store.t) == migrations.LATEST == 5
+        assert store.stall_facts(["r0"]) == {"r0": (None, [2.0])}  # read before: no clock yet
+        assert store.run("r0").status == "running"  # every row kept
+        for plan, state in zip(plans[1:], STATUSES):  # every state rpg knows now is recorded
+            store.set_status(plan.id, state)
+        assert {r.status for r in store.runs()} == set(STATUSES)
+        with pytest.raises(sa.exc.IntegrityError), store.engine.begin() as conn:  # and nothing else
+            conn.exec_driver_sql("UPDATE runs SET status = 'bogus' WHERE id = 'r1'")
+        with open(plans[0].run_dir / "metrics.jsonl", "a") as f:
+            f.write('{"step": 2, "data": {"timing_s/step": 3.0}}\n')
+        store.ingest_metrics("r0", plans[0].run_dir / "metrics.jsonl")
+        assert store.stall_facts(["r0"])["r0"][0] is not None  # the clock starts with the next step
+    finally:
+        store.close()
+    again = open_store(db_url, create=False)  # a second open: nothing to do
+    again.close()
 
 
 def test_a_database_newer_than_this_rpg_is_refused(tmp_path):

@@ -162,6 +162,7 @@ def test_a_read_only_database_is_read_and_left_as_it_is(tmp_path):
             ["true"],
         )
     )
+    store.set_status("ro-run-1", "succeeded")  # a table scores finished runs only
     store.record_evals(
         [
             {

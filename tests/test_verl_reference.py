@@ -404,3 +404,158 @@ def test_a_save_thins_or_removes_older_checkpoints_as_the_spec_says(
         assert [c.name for c in actor.iterdir()] == ["huggingface"]
     assert sorted(rundir.find_checkpoints(run_dir)) == sorted(full + thinned)
     assert all(rundir.find_checkpoints(run_dir).values())
+
+
+# ---------------------------------------------------------------- a graceful stop at a step boundary (issue 30)
+
+
+def test_verl_0_9_1_loop_the_graceful_stop_relies_on():
+    """RPGTrainer ends verl's loop after step N by setting total_training_steps to N once N is logged: the loop
+    counts on to N + 1 and tests `global_steps <= total_training_steps` before each step; it calls
+    on_train_begin after it counted on to the first step, and on_train_end on the way out."""
+    from verl.trainer.ppo.v1 import trainer_base
+
+    fit = source(trainer_base.PPOTrainer.fit)
+    loop = "while current_epoch < self.config.trainer.total_epochs and self.global_steps <= self.total_training_steps:"
+    assert fit.count(loop) == 1 and fit.count("self.logger.log(data=metrics, step=self.global_steps)") == 1
+    assert fit.index("self.global_steps += 1") < fit.index("self.on_train_begin()") < fit.index(loop)
+    logged = fit.index("self.logger.log(data=metrics, step=self.global_steps)")
+    assert logged < fit.index("self.global_steps += 1", logged) < fit.index("if is_last_step:", logged)
+    assert fit.index("self.on_train_end()") > fit.index(loop)
+    # the validation before training is logged through the same Tracking, before on_train_begin
+    assert fit.index("self.logger.log(data=val_metrics, step=self.global_steps)") < fit.index("self.on_train_begin()")
+
+
+def _saved_by_verl(root: Path, step: int) -> None:
+    """What verl 0.9.1's own _save_checkpoint leaves (the HF weights, the latest-checkpoint marker)."""
+    hf = root / f"global_step_{step}" / "actor" / "huggingface"
+    hf.mkdir(parents=True, exist_ok=True)
+    (hf / "config.json").write_text("{}")
+    (hf / "model.safetensors").write_bytes(b"weights")
+    (root / "latest_checkpointed_iteration.txt").write_text(str(step))
+
+
+def verls_own_fit(monkeypatch, run_dir: Path, total: int, resumed: int = 0, request=None):
+    """verl 0.9.1's fit loop itself (PPOTrainer.fit) through RPGTrainer, its rollout, workers and TransferQueue
+    stood in: each step logs actor/pg_loss = step / 10, every second step asks for a checkpoint (save_freq 2),
+    validation runs before training. `request`: (step, why) whose step writes a stop request midway, as the
+    job's signal handler would. Returns the trainer after fit returned."""
+    from types import SimpleNamespace
+
+    from omegaconf import OmegaConf
+    from verl.trainer.ppo.v1 import trainer_base
+
+    from rpg_cli import rundir
+
+    root = rundir.checkpoints_dir(run_dir)
+    monkeypatch.setenv("VERL_FILE_LOGGER_PATH", str(rundir.metrics_path(run_dir)))
+    monkeypatch.setattr(trainer_base, "SkipManager", SimpleNamespace(init=lambda config: None, set_step=lambda s: None))
+    monkeypatch.setattr(trainer_base.tq, "kv_clear", lambda **kwargs: None)
+    monkeypatch.setattr(trainer_base.PPOTrainer, "_compute_metrics", lambda self, *args, **kwargs: None)
+    monkeypatch.setattr(
+        trainer_base.PPOTrainer, "_save_checkpoint", lambda self: _saved_by_verl(root, self.global_steps)
+    )
+    trainer = trainer_shell(Every(every=2))
+    trainer.config = OmegaConf.create(
+        {
+            "trainer": {
+                "default_local_dir": str(root),
+                "resume_mode": "auto",
+                "logger": ["console", "file"],
+                "project_name": "p",
+                "experiment_name": "e",
+                "val_before_train": True,
+                "test_freq": -1,
+                "save_freq": 2,
+                "total_epochs": 1000,
+            },
+            "global_profiler": {"steps": None, "profile_continuous_steps": False},
+        }
+    )
+    trainer.trainer_mode, trainer.steps_per_epoch = "sync", 1000
+    trainer.total_training_steps, trainer.global_steps = total, resumed  # as _load_checkpoint leaves them
+    trainer.checkpoint_manager = Group()
+    trainer._init_dump_executor()
+    trainer._validate = lambda: {"val-core/toy/acc/mean@1": 0.5}
+
+    def step(metrics, timing_raw):
+        if request and trainer.global_steps == request[0]:
+            rundir.request_stop(run_dir, request[1])
+        metrics["actor/pg_loss"] = trainer.global_steps / 10
+        return SimpleNamespace(keys=[], partition_id="train")
+
+    trainer.step = step
+    trainer.fit(None)
+    return trainer
+
+
+def test_a_stop_asked_mid_step_saves_that_step_with_its_reference_and_ends_verls_loop(tmp_path, monkeypatch):
+    """verl's own loop, asked to stop during step 3 of 6 (save_freq 2): step 3 is logged, then saved with the
+    reference (reset before step 3) and rpg's schedule, the stopped line follows, and fit returns as at a run's
+    end. The resumed job validates at step 3, continues at step 4 and logs every step once, to the end."""
+    import json
+
+    from rpg_cli import rundir
+    from rpg_cli.store.ingest import metrics_view, stopped_at_end
+
+    run_dir = tmp_path / "runs" / "sw" / "run"
+    trainer = verls_own_fit(monkeypatch, run_dir, total=6, request=(3, rundir.PREEMPTED))
+    assert trainer.global_steps == 4 and trainer.total_training_steps == 3  # verl counted on past 3, then stopped
+    root = rundir.checkpoints_dir(run_dir)
+    assert sorted(rundir.find_checkpoints(run_dir)) == [2, 3]
+    assert (root / "latest_checkpointed_iteration.txt").read_text() == "3"  # what verl's resume reads
+    saved = json.loads((root / "global_step_3" / ref.REFERENCE_STATE).read_text())
+    assert saved == {"resets": 1, "born": 3, "ema": 0.0, "kl": 0.0}  # the reset before step 3, as it stood
+    assert ("save_reference", (str(root / "global_step_3" / ref.REFERENCE_DIR),)) in trainer.ref_policy_wg.calls
+    lines = rundir.metrics_path(run_dir).read_text().splitlines()
+    assert [json.loads(line).get("step") for line in lines[:-1]] == [0, 1, 2, 3]
+    assert json.loads(lines[-1]) == {"stopped": {"step": 3, "why": "preempted"}}
+    assert stopped_at_end(rundir.metrics_path(run_dir)).step == 3
+
+    rundir.clear_stop_request(run_dir)  # what the next attempt's start.py does first
+    resumed = verls_own_fit(monkeypatch, run_dir, total=6, resumed=3)
+    assert resumed.global_steps == 7 and sorted(rundir.find_checkpoints(run_dir)) == [2, 3, 4, 6]
+    lines = rundir.metrics_path(run_dir).read_text().splitlines()
+    assert lines[5] == '{"restart": {"keep_through": 3}}' and json.loads(lines[6])["step"] == 3  # the validation
+    assert [json.loads(line)["step"] for line in lines[7:]] == [4, 5, 6]
+    assert stopped_at_end(rundir.metrics_path(run_dir)) is None
+    view = metrics_view(rundir.metrics_path(run_dir).read_text())
+    assert sorted(view) == [0, 1, 2, 3, 4, 5, 6]
+    assert [view[s]["actor/pg_loss"] for s in range(1, 7)] == pytest.approx([0.1, 0.2, 0.3, 0.4, 0.5, 0.6])
+
+
+def test_a_stop_asked_on_a_save_step_saves_once_and_one_asked_on_the_last_step_finishes(tmp_path, monkeypatch):
+    from rpg_cli import rundir
+    from rpg_cli.store.ingest import stopped_at_end
+
+    saves = []
+    monkeypatch.setattr(ref.RPGTrainer, "_save_checkpoint_now", lambda self: saves.append(self.global_steps))
+    run_dir = tmp_path / "runs" / "sw" / "a"
+    verls_own_fit(monkeypatch, run_dir, total=6, request=(4, rundir.CANCELLED))
+    assert saves == [2, 4]  # step 4's own checkpoint, not a second one
+    assert stopped_at_end(rundir.metrics_path(run_dir)).why == "cancelled"
+
+    saves.clear()
+    run_dir = tmp_path / "runs" / "sw" / "b"
+    trainer = verls_own_fit(monkeypatch, run_dir, total=3, request=(3, rundir.PREEMPTED))
+    assert saves == [2, 3] and trainer.total_training_steps == 3  # the run's end: nothing to stop
+    assert stopped_at_end(rundir.metrics_path(run_dir)) is None
+
+
+def test_a_stop_asked_while_verl_started_ends_before_the_first_step(tmp_path, monkeypatch):
+    """A request already there when verl's loop begins (made while the workers and vLLM started): no step runs,
+    the checkpoint the attempt resumed from stands, and the stopped line names it."""
+    import json
+
+    from rpg_cli import rundir
+
+    run_dir = tmp_path / "runs" / "sw" / "run"
+    rundir.make_run_dir(run_dir)
+    rundir.request_stop(run_dir, rundir.PREEMPTED)
+    trainer = verls_own_fit(monkeypatch, run_dir, total=6, resumed=4)
+    assert trainer.global_steps == 5 and rundir.find_checkpoints(run_dir) == {}
+    lines = rundir.metrics_path(run_dir).read_text().splitlines()
+    assert [json.loads(line) for line in lines] == [
+        {"data": {"val-core/toy/acc/mean@1": 0.5}, "step": 4},  # the validation before training, of step 4
+        {"stopped": {"step": 4, "why": "preempted"}},
+    ]

@@ -131,6 +131,7 @@ _STATUS_STYLE = {
     "succeeded": "green",
     "failed": "red",
     "stopped": "yellow",
+    "preempted": "magenta",
 }
 
 

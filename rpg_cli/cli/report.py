@@ -112,6 +112,10 @@ def report(
     means. The footer says which, with the seeds, problems and sampling settings, and warns where few
     seeds make the interval cover less. Best of each column bold, second underlined.
 
+    Only runs that finished give scores. A run that failed, diverged, stopped, was preempted or still
+    runs counts in its row's seeds as finished/ran ("2/3"), and the footer names it with its state,
+    reason and the step it reached; CSV and JSON list those runs per cell.
+
     Examples:
 
       rpg report --table --sweep smoke-seeds
@@ -233,7 +237,9 @@ def compare(
     difference"; under no true difference it says "better" in at most about 5% of experiments, from 2
     seeds on. Spec fields that also differ between the groups (other than the compared ones and the
     seed) are listed in bold: they make the comparison unfair. Scores drawn under different sampling
-    settings or scorers are refused.
+    settings or scorers are refused. Only finished runs are compared: a side that lost seeds (failed,
+    diverged, stopped, preempted, still running) says how many and how ("GRPO: 1 of 3 seeds diverged at
+    step 120; the interval is over the 2 that finished").
 
     Examples:
 
@@ -310,7 +316,7 @@ def _render_report_table(built, to_text: bool = False) -> str:
                 if cell.paper is not None:
                     text += f"\n[dim]paper {rp.fmt(cell.paper)} Δ {rp.fmt(cell.diff, signed=True)}[/]"
                 cells.append(text)
-            table.add_row(row.method.replace("[", r"\["), str(len(row.runs)), *cells)
+            table.add_row(row.method.replace("[", r"\["), row.seeds_text, *cells)
         console.print(table)
     console.print("bold: best of its column, underlined: second.", *rp.footer(built), sep="\n", highlight=False)
     return console.file.getvalue() if to_text else ""

@@ -62,6 +62,7 @@ def runs_command(
     from rpg_cli.report.summary import TABLE_FIELDS, TABLE_TITLES
     from rpg_cli.states import STATUSES
     from rpg_cli.store import EmptyStoreError, NoStoreError, StoreError, open_store
+    from rpg_cli.watch import STALL_FACTOR, STALL_FLOOR_S, duration
 
     check_format("runs", output_format, RUNS_FORMATS)
     wanted = comma_list(status)
@@ -111,14 +112,18 @@ def runs_command(
         )
     cut = 0
     for r in rows:
-        error = error_line(r["error"], width=None if wide else 60)
+        stalled = r["stalled_s"] is not None  # running, its metrics silent past its limit: its last output instead
+        reason = f"stalled {duration(r['stalled_s'])}: {r['last_line'] or 'no output'}" if stalled else r["error"]
+        error = error_line(reason, width=None if wide else 60)
         cut += error.endswith("…")
         table.add_row(
             r["sweep"],
             r["name"],
             r["id"],
             "-" if r["seed"] is None else str(r["seed"]),
-            status_text(r["status"]) + ("?" if r["id"] in stale else "") + ("!" if r["id"] in changed else ""),
+            ("[yellow]stalled[/]" if stalled else status_text(r["status"]))
+            + ("?" if r["id"] in stale else "")
+            + ("!" if r["id"] in changed else ""),
             str(r["attempts"]),
             "-" if r["step"] is None else str(r["step"]),
             "-" if r["reward"] is None else f"{r['reward']:.4f}",
@@ -134,12 +139,22 @@ def runs_command(
         console.width = max(console.width, console.measure(table, options=unbounded).maximum)
     console.print(table)
     counts = {s: sum(r["status"] == s for r in rows) for s in STATUSES}
+    stalls = sum(r["stalled_s"] is not None for r in rows)
     console.print(
         f"{len(rows)} run{'' if len(rows) == 1 else 's'}: "
-        + ", ".join(f"{n} {s}" for s, n in counts.items() if n)
+        + ", ".join(
+            f"{n} {s}" + (f" ({stalls} stalled)" if s == "running" and stalls else "") for s, n in counts.items() if n
+        )
         + (f" ({cut} failure reason(s) cut short: --wide shows them whole)" if cut else ""),
         highlight=False,
     )
+    if stalls:
+        console.print(
+            f"stalled: running, but no new metrics for longer than the spec's watch.stall allows (by default "
+            f"{STALL_FACTOR:g} x its median step, at least {STALL_FLOOR_S:g} s); `rpg logs RUN` shows its output, "
+            "`rpg sweep SPEC --stall-timeout SECONDS` stops and fails such runs (--retry-failed resumes them)",
+            highlight=False,
+        )
     if changed:
         console.print(
             f"! {len(changed)} run(s) whose metrics.jsonl no longer matches what the store read (truncated or "
@@ -191,6 +206,26 @@ def cancel_command(
     ref: str = typer.Argument(
         ..., metavar="RUN|SWEEP", help="A run id, id prefix or name, or a sweep name (all its runs)."
     ),
+    graceful: bool = typer.Option(
+        False,
+        "--graceful",
+        metavar="",
+        help="Let each training run finish the step it is in, save a checkpoint and stop (resumed from it by "
+        "`rpg sweep --retry-failed`); runs that have not logged a step yet are stopped at once.",
+    ),
+    wait: bool = typer.Option(
+        True,
+        "--wait/--no-wait",
+        help="With --graceful: wait until each run has stopped and say at which step, or return at once.",
+    ),
+    timeout: float = typer.Option(
+        1800,
+        "--timeout",
+        metavar="SECONDS",
+        min=0,
+        help="With --graceful: how long to wait for the runs to stop (a step and its checkpoint must fit); the "
+        "runs still going are named, and `rpg cancel` without --graceful stops them.",
+    ),
     lost: bool = typer.Option(
         False,
         "--lost",
@@ -211,36 +246,60 @@ def cancel_command(
     is not recorded: the command names the cluster and exits 2. A sweep's live Slurm job (`rpg slurm`) is
     cancelled first; its runs ran on its Ray and are recorded stopped with it.
 
+    --graceful asks each training run to stop after the step it is in, with a checkpoint of that step (a
+    file in its run directory, which its trainer reads after every step), and waits for them (--timeout); a
+    sweep's Slurm job is cancelled once they have stopped, for the runs that had not started.
+
     Examples:
 
       rpg cancel my-sweep
+      rpg cancel my-sweep --graceful    # each run saves the step it is in first
       rpg cancel rpg-urkl-1234abcd --address http://head:8265
       rpg cancel my-sweep --lost    # after `rpg stop --force`: no job runs
     """
     from pathlib import Path
 
+    if graceful and not _cancel_gracefully(ref, db, address, Path(runs_dir), lost, wait, timeout):
+        return
+    _cancel_now(ref, db, address, Path(runs_dir), lost)
+
+
+def _cancel_now(ref: str, db: str, address: str | None, runs_dir, lost: bool) -> None:
+    """`rpg cancel` without --graceful: the sweep's Slurm job, then every unfinished run's job."""
+    from rpg_cli.orchestration.cancel import NotOnClusterError, cancel
     from rpg_cli.orchestration.head import ClusterError
     from rpg_cli.orchestration.slurm import SlurmError, cancel_job
-    from rpg_cli.orchestration.sweep import NotOnClusterError, cancel
     from rpg_cli.store import StoreError
 
     try:  # a sweep's Slurm job (`rpg slurm`) first: then nothing restarts its runs
-        slurm = cancel_job(Path(runs_dir), ref)
+        slurm = cancel_job(runs_dir, ref)
     except SlurmError as e:
         fail("cancel", e)
     if slurm:
         typer.echo(slurm)
     try:  # the Slurm job's Ray, and every job on it, ends with it: its runs are recorded stopped
-        done = cancel(ref, db, address=address, runs_dir=Path(runs_dir), lost=lost or slurm is not None)
+        done = cancel(ref, db, address=address, runs_dir=runs_dir, lost=lost or slurm is not None)
     except NotOnClusterError as e:
-        ended = _ended_slurm_job(Path(runs_dir), ref)
-        fail(
-            "cancel", ClusterError(f"{e}; the sweep's Slurm job {ended} has ended, and its Ray with it") if ended else e
-        )
+        _not_on_cluster(runs_dir, ref, e)
     except (ClusterError, StoreError) as e:
         if slurm and isinstance(e, StoreError):  # a job cancelled while queued: no run recorded yet
             return
         fail("cancel", e)
+    _echo_cancelled(ref, done)
+
+
+def _not_on_cluster(runs_dir, ref: str, e: Exception) -> None:
+    """Fail with the one line of runs the cluster does not know, and the sweep's ended Slurm job as a hint."""
+    from rpg_cli.orchestration.head import ClusterError
+
+    ended = _ended_slurm_job(runs_dir, ref)
+    fail("cancel", ClusterError(f"{e}; the sweep's Slurm job {ended} has ended, and its Ray with it") if ended else e)
+
+
+def _echo_cancelled(ref: str, done, graceful: bool = False) -> None:
+    """What `cancel` did, in a line for each kind (exit 2 for runs Ray would not stop)."""
+    from rpg_cli.orchestration.head import ClusterError
+
     if done.finished:
         typer.echo(
             f"{len(done.finished)} run(s) had already ended: "
@@ -248,8 +307,9 @@ def cancel_command(
             + " (`rpg runs` shows how)"
         )
     if done.stopped:
-        typer.echo(f"stopped {len(done.stopped)} run(s): " + ", ".join(r.name for r in done.stopped))
-    elif not done.finished and not done.unconfirmed:
+        why = " (they had not started training: nothing to save)" if graceful else ""
+        typer.echo(f"stopped {len(done.stopped)} run(s): " + ", ".join(r.name for r in done.stopped) + why)
+    elif not done.finished and not done.unconfirmed and not graceful:
         typer.echo(f"rpg cancel: nothing to stop: every run of {ref!r} has finished")
     if done.unconfirmed:
         names = ", ".join(r.name for r in done.unconfirmed)
@@ -260,6 +320,75 @@ def cancel_command(
                 "the same command again (`rpg logs RUN` shows their jobs)"
             ),
         )
+
+
+def _cancel_gracefully(
+    ref: str, db: str, address: str | None, runs_dir, lost: bool, wait: bool, timeout: float
+) -> bool:
+    """`rpg cancel --graceful`: ask the training runs to stop after their step, cancel the others, and wait
+    (unless not `wait`) for the asked ones; returns whether the sweep's Slurm job is to be cancelled now (its
+    runs that were asked have all stopped: the rest are cancelled with it)."""
+    from pathlib import Path
+
+    from rpg_cli import rundir
+    from rpg_cli.orchestration.cancel import NotOnClusterError, ask_to_stop, wait_for_stops
+    from rpg_cli.orchestration.head import ClusterError
+    from rpg_cli.orchestration.slurm import SlurmError, live_job
+    from rpg_cli.store import StoreError
+
+    try:  # a sweep's live Slurm job: its Ray cannot be reached from here, the store says what runs
+        slurm = live_job(runs_dir, ref) if Path(ref).name == ref and ref not in (".", "..") else None
+    except SlurmError as e:
+        fail("cancel", e)
+    on_ray = slurm is None
+    try:
+        asked = ask_to_stop(ref, rundir.CANCELLED, db, address, runs_dir, lost=lost, others=on_ray, ray=on_ray)
+    except NotOnClusterError as e:
+        _not_on_cluster(runs_dir, ref, e)
+    except (ClusterError, StoreError) as e:
+        fail("cancel", e)
+    for run, last in asked.asked:
+        typer.echo(f"asked {run.name} to stop after the step it is in, with a checkpoint (last logged: step {last})")
+    if asked.others is not None:
+        _echo_cancelled(ref, asked.others, graceful=True)
+    if not asked.asked:
+        if on_ray and not asked.others.stopped and not asked.others.finished:
+            typer.echo(f"rpg cancel: nothing to stop: every run of {ref!r} has finished")
+        return not on_ray
+    if not wait:
+        typer.echo("not waiting (--no-wait): `rpg runs` shows each run stopped, with the step of its checkpoint")
+        if slurm:
+            typer.echo(f"the sweep's Slurm job {slurm[0]} runs on: `rpg cancel {ref}` cancels it once they stopped")
+        return False
+    typer.echo(
+        f"waiting up to {timeout:g} s for {len(asked.asked)} run(s) to stop (--timeout; Ctrl-C stops waiting, "
+        "the requests stand)"
+    )
+    try:
+        ended, left = wait_for_stops([r for r, _ in asked.asked], timeout, db, address, runs_dir, ray=on_ray)
+    except KeyboardInterrupt:
+        warn("cancel", "stopped waiting; the requests stand: `rpg runs` shows each run stopped, with its step")
+        raise typer.Exit(130) from None
+    except StoreError as e:
+        fail("cancel", e)
+    for end in ended:
+        if end.step is not None:
+            typer.echo(f"{end.run.name} stopped at step {end.step}, its checkpoint saved")
+        else:
+            error = f": {end.run.error}" if end.run.error else ""
+            typer.echo(f"{end.run.name} ended before it could stop ({end.run.status}{error})")
+    if left:
+        names = ", ".join(r.name for r in left)
+        held = f"; the sweep's Slurm job {slurm[0]} runs on" if slurm else ""
+        fail(
+            "cancel",
+            ClusterError(
+                f"{len(left)} run(s) did not stop within {timeout:g} s: {names}; their requests stand (each stops "
+                f"after its step){held}: `rpg cancel {ref}` without --graceful stops them now"
+            ),
+            code=1,
+        )
+    return not on_ray
 
 
 def _ended_slurm_job(runs_dir, ref: str) -> str | None:

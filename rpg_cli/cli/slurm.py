@@ -43,6 +43,20 @@ def slurm_command(
         help="Print the script and what it asks for (Slurm checks it where it can); submit nothing.",
     ),
     wait: bool = typer.Option(False, "--wait", metavar="", help="Return when the job has ended, with its exit code."),
+    grace: int = typer.Option(
+        600,
+        "--grace",
+        metavar="SECONDS",
+        help="How long before the time limit the training runs are asked to finish their step and save it "
+        "(Slurm's USR1; 30 s of it stop Ray): a step and its checkpoint must fit.",
+    ),
+    requeue: bool = typer.Option(
+        False,
+        "--requeue",
+        metavar="",
+        help="At the time limit (or a preemption that sends USR1), once the runs have saved their step, the job "
+        "requeues itself and its next allocation continues the sweep.",
+    ),
     backend: str = typer.Option(
         None, "--backend", metavar="verl|local", help="Run every cell on this backend instead of the spec's."
     ),
@@ -56,10 +70,12 @@ def slurm_command(
 
     The sbatch script (written to runs/<sweep>/slurm/) starts a Ray head on the first node and a worker on
     each other one, waits for them, runs `rpg sweep SPEC --address ...` on the head and stops Ray on every
-    node when the sweep ends, when the job is cancelled, and 2 minutes before the time limit. The same
-    command continues an interrupted sweep (succeeded runs are skipped, interrupted ones resume from their
-    last checkpoint). Run it from the shared directory that holds data/ and runs/: `rpg runs`, `rpg report`
-    read the store from the login node meanwhile, and `rpg cancel SWEEP` cancels the job.
+    node when the sweep ends, when the job is cancelled, and --grace seconds before the time limit, once
+    the training runs have finished the step they are in and saved it (they are `preempted`; --requeue
+    puts the job back in the queue then). The same command continues an interrupted sweep (succeeded runs
+    are skipped, preempted ones resume from the step they saved, interrupted ones from their last
+    checkpoint). Run it from the shared directory that holds data/ and runs/: `rpg runs`, `rpg report` read
+    the store from the login node meanwhile, and `rpg cancel SWEEP` cancels the job.
 
     Examples:
 
@@ -69,6 +85,9 @@ def slurm_command(
       # submit it, for two days on the gpu partition
       rpg slurm experiments/paper-qwen3-4b.yaml --nodes 2 \\
           --time 2-00:00:00 -p gpu
+
+      # 4-hour allocations, each going on where the last one stopped
+      rpg slurm experiments/paper-qwen3-4b.yaml --time 4:00:00 --requeue
     """
     if backend not in (None, "verl", "local"):
         raise typer.BadParameter(f"{backend!r}; allowed: verl, local", param_hint="--backend")
@@ -101,7 +120,17 @@ def slurm_command(
     )
     try:
         alloc = allocation(
-            plans, nodes, gpus_per_node, cpus_per_node, mem, time, partition, account, tuple(sbatch_args or ())
+            plans,
+            nodes,
+            gpus_per_node,
+            cpus_per_node,
+            mem,
+            time,
+            partition,
+            account,
+            tuple(sbatch_args or ()),
+            grace_s=grace,
+            requeue=requeue,
         )
         script = render(plans, alloc, spec, Path(runs_dir), sweep_args)
         if dry_run:

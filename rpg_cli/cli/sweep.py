@@ -5,6 +5,7 @@ from __future__ import annotations
 import typer
 
 from rpg_cli.cli.common import db_option, error_line, fail, make_console, rpg_command, status_text, warn
+from rpg_cli.watch import STALL_FACTOR, STALL_FLOOR_S
 
 
 @rpg_command()
@@ -32,6 +33,14 @@ def sweep(
     retry_failed: bool = typer.Option(
         False, "--retry-failed", metavar="", help="Resubmit runs that failed or were stopped."
     ),
+    stall_timeout: float = typer.Option(
+        None,
+        "--stall-timeout",
+        metavar="SECONDS",
+        help="Stop and fail a run that stays stalled this long: its metrics silent for longer than the spec's "
+        f"watch.stall ({STALL_FACTOR:g} x its median step, at least {STALL_FLOOR_S:g} s by default), then SECONDS "
+        "more. --retry-failed resumes it from its checkpoint.",
+    ),
     address: str = typer.Option(
         None,
         "--address",
@@ -45,7 +54,9 @@ def sweep(
     Each run gets runs/<sweep>/<run>/ (spec.json, metrics.jsonl, checkpoints/, job.log) and a row in
     the results store; progress is followed live until every run has finished (Ctrl-C leaves the jobs
     running: the same command re-attaches). Re-running a sweep skips succeeded runs, re-attaches to
-    live ones, and resubmits failed ones only with --retry-failed.
+    live ones, and resubmits failed ones only with --retry-failed. While following, a run that logs a
+    step beyond its bounds (the spec's watch block: by default the gap between vLLM's and the trainer's
+    probabilities) is stopped and failed; with --stall-timeout, so is one whose metrics stopped coming.
 
     Examples:
 
@@ -58,11 +69,22 @@ def sweep(
       # on a GPU cluster, without waiting for the runs to finish
       rpg sweep experiments/paper-qwen3-4b.yaml --address http://head:8265 \\
           --detach
+
+      # follow it, failing a run that hangs for an hour past its stall limit
+      rpg sweep experiments/paper-qwen3-4b.yaml --address http://head:8265 \\
+          --stall-timeout 3600
     """
     if output_format not in ("table", "json"):
         raise typer.BadParameter(f"{output_format!r}; allowed: table, json", param_hint="--format")
     if backend not in (None, "verl", "local"):
         raise typer.BadParameter(f"{backend!r}; allowed: verl, local", param_hint="--backend")
+    if stall_timeout is not None and not (stall_timeout >= 0 and stall_timeout < float("inf")):
+        raise typer.BadParameter(f"{stall_timeout!r}; allowed: seconds >= 0", param_hint="--stall-timeout")
+    if stall_timeout is not None and detach:
+        raise typer.BadParameter(
+            "stops stalled runs while `rpg sweep` follows them; drop --detach, or --stall-timeout",
+            param_hint="--stall-timeout",
+        )
     from pathlib import Path
 
     from rpg_cli.orchestration.plan import known_states, plan_sweep
@@ -74,7 +96,14 @@ def sweep(
         fail("sweep", e)
     if not dry_run:
         _watch_sweep(
-            plans, plans[0].sweep, db, address=address, detach=detach, retry_failed=retry_failed, runs_dir=runs_dir
+            plans,
+            plans[0].sweep,
+            db,
+            address=address,
+            detach=detach,
+            retry_failed=retry_failed,
+            runs_dir=runs_dir,
+            stall_timeout=stall_timeout,
         )
         return
     try:
@@ -260,6 +289,7 @@ def _progress_caption(snapshot) -> str:
     return (
         f"pending {counts['pending'] + counts['submitted']} · running {counts['running']} · "
         f"succeeded {counts['succeeded']} · failed {counts['failed']} · stopped {counts['stopped']}"
+        + (f" · preempted {counts['preempted']}" if counts.get("preempted") else "")
     )
 
 
@@ -322,10 +352,11 @@ def _watch_sweep(
     detach: bool = False,
     retry_failed: bool = False,
     runs_dir: str = "runs",
+    stall_timeout: float | None = None,
 ) -> None:
     """Submit a sweep's plans as Ray jobs and, unless `detach`, follow them until all have finished:
     a live table on a terminal, a line per change of the counts otherwise (logs, CI). Exits 0 when
-    every run succeeded, 1 when some failed or stopped, 2 on a cluster or store error, 130 on Ctrl-C
+    every run succeeded, 1 when some failed, stopped or were preempted, 2 on a cluster or store error, 130 on Ctrl-C
     (the jobs keep running; the same command re-attaches)."""
     import os
     from pathlib import Path
@@ -373,6 +404,7 @@ def _watch_sweep(
             retry_failed=retry_failed,
             on_update=show,
             runs_dir=Path(runs_dir),
+            stall_timeout=stall_timeout,
         )
     except KeyboardInterrupt:
         typer.echo(
@@ -393,5 +425,5 @@ def _watch_sweep(
         return
     if not cluster:  # a head rpg started: say it is still there
         warn("sweep", f"the local Ray head in {runs_dir}/ray stays up for the next command; `rpg stop` ends it")
-    if any(r.status in ("failed", "stopped") for r in final.runs):
+    if any(r.status in ("failed", "stopped", "preempted") for r in final.runs):
         raise typer.Exit(1)

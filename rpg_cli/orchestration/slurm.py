@@ -13,6 +13,7 @@ and about LOCAL_RUN_MEM_MB.
 
 from __future__ import annotations
 
+import contextlib
 import math
 import os
 import re
@@ -26,12 +27,16 @@ from pathlib import Path
 from rpg_cli import rundir
 from rpg_cli.orchestration.plan import RunPlan
 from rpg_cli.spec.verl_block import credential_in, credential_name
+from rpg_cli.store.url import DB_ENVVAR, DEFAULT_DB_URL
 
 TEMPLATE = Path(__file__).with_name("slurm.sbatch")
 SCRIPT_FILE = "sweep.sbatch"
 JOB_ID_FILE = "job_id"
 TOKEN_DIR = "ray"  # per job: ray/<job id>/auth_token, removed when the job's Ray stops
-SIGNAL_GRACE_S = 120  # USR1 this long before the time limit; Slurm may send it up to 60 s earlier still
+# USR1 this long before the time limit (Slurm may send it up to 60 s earlier still, sbatch(1) --signal): the
+# runs finish the step they are in and save it; a step of the paper's grids and its checkpoint take minutes
+SIGNAL_GRACE_S = 600
+STOP_RESERVE_S = 30  # of the time a signal leaves: stopping the sweep's watcher and Ray once the runs stopped
 NODE_WAIT_S = 300  # how long the head waits for every node to join before giving up
 VERL_CPUS_PER_GPU, VERL_CPUS_EXTRA = 3, 11
 LOCAL_RUN_MEM_MB = 4096  # a local-backend run on the toy or a small model; --mem for larger ones
@@ -58,6 +63,8 @@ class Allocation:
     partition: str | None = None
     account: str | None = None
     sbatch_args: tuple[str, ...] = ()
+    grace_s: int = SIGNAL_GRACE_S  # USR1 this long before the time limit: the runs checkpoint and stop
+    requeue: bool = False  # after USR1, the job requeues itself (`rpg slurm --requeue`)
 
 
 def run_cpus(plan: RunPlan) -> int:
@@ -76,10 +83,17 @@ def allocation(
     partition: str | None = None,
     account: str | None = None,
     sbatch_args: tuple[str, ...] = (),
+    grace_s: int = SIGNAL_GRACE_S,
+    requeue: bool = False,
 ) -> Allocation:
     """What the grid asks of Slurm: by default the nodes and GPUs of its largest run, the CPUs for as
     many runs at once as the GPUs allow (CPU-only runs: all of them), and the memory to match;
     SlurmError (one line) for a request none of the runs could start in."""
+    if not STOP_RESERVE_S < grace_s <= 65535:  # sbatch(1): a sig_time is 0 to 65535
+        raise SlurmError(
+            f"--grace {grace_s} s: give {STOP_RESERVE_S + 1} to 65535 (Ray takes {STOP_RESERVE_S} s to stop once "
+            "the runs have; a step and its checkpoint need the rest)"
+        )
     resources = [p.spec["resources"] for p in plans]
     need_nodes = max(r["nodes"] for r in resources)
     need_gpus = max(r["gpus_per_node"] for r in resources)
@@ -118,9 +132,10 @@ def allocation(
             raise SlurmError(
                 f"--time {time!r} is not a Slurm time; give minutes, H:MM:SS or D-HH:MM:SS (e.g. 2-00:00:00)"
             )
-        if 0 < seconds <= SIGNAL_GRACE_S + 60:
+        if 0 < seconds <= grace_s + 60:
             raise SlurmError(
-                f"--time {time} leaves no time to run: Ray is stopped {SIGNAL_GRACE_S} s before the limit; ask for more"
+                f"--time {time} leaves no time to run: the runs are stopped {grace_s} s before the limit (--grace); "
+                "ask for more"
             )
     for name, value in (
         ("--partition", partition),
@@ -147,7 +162,9 @@ def allocation(
             raise SlurmError(
                 f"--sbatch-arg {arg!r} is not an sbatch option; give it whole, e.g. --sbatch-arg=--qos=high"
             )
-    return Allocation(nodes, gpus, cpus, mem, runs_at_once, time, partition, account, tuple(sbatch_args))
+    return Allocation(
+        nodes, gpus, cpus, mem, runs_at_once, time, partition, account, tuple(sbatch_args), grace_s, requeue
+    )
 
 
 def credential_in_option(value: str) -> str | None:
@@ -226,15 +243,21 @@ def render(
         *([f"--partition={alloc.partition}"] if alloc.partition else []),
         *([f"--account={alloc.account}"] if alloc.account else []),
         f"--output={filename_pattern(slurm)}/slurm-%j.out",
-        f"--signal=B:USR1@{SIGNAL_GRACE_S}",
+        f"--signal=B:USR1@{alloc.grace_s}",
+        # a requeued job starts the script again under the same id: its output goes on in the same file
+        *(["--requeue", "--open-mode=append"] if alloc.requeue else []),
         *alloc.sbatch_args,
     ]
     python = sys.executable
     command = [python, "-m", "rpg_cli", "sweep", str(Path(spec_file).absolute()), "--runs-dir", str(runs_dir)]
+    db = list(sweep_args[sweep_args.index("--db") : sweep_args.index("--db") + 2]) if "--db" in sweep_args else []
+    preempt = [python, "-m", "rpg_cli.orchestration.slurm", "preempt", sweep, "--runs-dir", str(runs_dir), *db]
     values = {
         "directives": "\n".join(f"#SBATCH {d}" for d in directives),
         "sweep": sweep,
-        "grace_s": str(SIGNAL_GRACE_S),
+        "grace_s": str(alloc.grace_s),
+        "requeue": "1" if alloc.requeue else "0",
+        "preempt_command": shlex.join([*preempt, "--grace", str(alloc.grace_s)]),
         "python": shlex.quote(python),
         "python_bin": shlex.quote(str(Path(python).parent)),
         "script": shlex.quote(str(slurm / SCRIPT_FILE)),
@@ -423,8 +446,11 @@ def port_assignments(head: bool) -> str:
     return "".join(f"RPG_PORT_{n}={p}\n" for n, p in zip(names, _free_ports(len(names))))
 
 
-def wait_nodes(dashboard: str, count: int, timeout_s: float) -> str | None:
-    """Wait until the cluster behind `dashboard` lists `count` live nodes; None then, else why not."""
+def wait_nodes(dashboard: str, count: int, timeout_s: float, workers_pid: int | None = None) -> str | None:
+    """Wait until the cluster behind `dashboard` lists `count` live nodes; None then, else why not. Stops
+    at once when `workers_pid` (the srun that starts the workers) has ended: no worker is coming. Live
+    nodes are counted here, not by a state filter: Ray 2.60's list_nodes(filters=[("state", "=", "ALIVE")])
+    raises "data truncation" while a dead node is on record."""
     import time
 
     from ray.util.state import list_nodes
@@ -433,14 +459,26 @@ def wait_nodes(dashboard: str, count: int, timeout_s: float) -> str | None:
     alive, why = 0, "the head's dashboard did not answer"
     while time.monotonic() < deadline:
         try:
-            alive = len(list_nodes(address=dashboard, filters=[("state", "=", "ALIVE")], timeout=10))
+            alive = sum(n.state == "ALIVE" for n in list_nodes(address=dashboard, timeout=10))
             why = f"{alive} of {count} nodes joined"
             if alive >= count:
                 return None
         except Exception as exc:  # not up yet: connection refused, 5xx
             why = f"the head's dashboard did not answer ({type(exc).__name__})"
+        if workers_pid is not None and not _running(workers_pid):
+            return f"the workers' srun ended before they joined ({why}); its error is above"
         time.sleep(1)
     return f"Ray did not come up within {timeout_s:.0f} s: {why}"
+
+
+def _running(pid: int) -> bool:
+    """Whether process `pid` runs (a child that ended and is not yet reaped is a zombie: ended)."""
+    import psutil
+
+    try:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
 
 
 def stop_node(job_id: str, grace_s: float = 5.0) -> int:
@@ -473,6 +511,74 @@ def stop_node(job_id: str, grace_s: float = 5.0) -> int:
     return len(ours)
 
 
+def stop_budget(signal_name: str, grace_s: float, job_id: str) -> float:
+    """The seconds the runs get to finish their step and save it after `signal_name` reached the batch script,
+    with STOP_RESERVE_S kept to stop the watcher and Ray. USR1: the job's time left (its end time: the time
+    limit, or at a preemption now + the partition's GraceTime, slurm.conf(5)), at most `grace_s`. TERM: Slurm
+    sends SIGKILL KillWait seconds later (slurm.conf(5): 30 by default)."""
+    if signal_name == "USR1":
+        left = _slurm_answer(["squeue", "-h", "-j", job_id, "-o", "%L"])  # UNLIMITED without a time limit
+        seconds = time_seconds(left) if left else None
+        total = grace_s if seconds is None else min(seconds, grace_s)
+    else:
+        found = re.search(r"^KillWait\s*=\s*(\d+)", _slurm_answer(["scontrol", "show", "config"]) or "", re.M)
+        total = int(found.group(1)) if found else 30
+    return max(0.0, total - STOP_RESERVE_S)
+
+
+def _slurm_answer(argv: list[str]) -> str | None:
+    """A Slurm command's output, None when it fails or does not answer within 10 s."""
+    with contextlib.suppress(OSError, subprocess.SubprocessError):
+        done = subprocess.run(argv, capture_output=True, text=True, timeout=10)
+        if done.returncode == 0:
+            return done.stdout.strip()
+    return None
+
+
+def preempt(sweep: str, signal_name: str, grace_s: float, db_url: str, address: str, runs_dir: Path) -> int:
+    """The batch script's trap: ask the sweep's training runs to stop after their step (`rundir.PREEMPTED`:
+    the next `rpg sweep` resumes them from that step) and wait, within what the signal leaves, for their
+    checkpoints; the runs that do not make it end with Ray and resume from their last checkpoint. Lines on
+    stderr; never raises: the trap stops Ray whatever happens here."""
+    import signal
+
+    def say(line: str) -> None:
+        print(f"rpg slurm: {line}", file=sys.stderr, flush=True)
+
+    budget = stop_budget(signal_name, grace_s, os.environ.get("SLURM_JOB_ID", ""))
+    if budget <= 0:
+        say(f"no time after SIG{signal_name} for the runs to save their step: they resume from their last checkpoint")
+        return 0
+
+    def out_of_time(*_) -> None:
+        raise TimeoutError(f"the runs had {budget:.0f} s")
+
+    signal.signal(signal.SIGALRM, out_of_time)
+    signal.alarm(int(budget) + STOP_RESERVE_S // 2)  # the store or Ray hanging must not eat the time to stop Ray
+    try:
+        from rpg_cli.orchestration.cancel import ask_to_stop, wait_for_stops
+
+        asked = ask_to_stop(sweep, rundir.PREEMPTED, db_url, address, runs_dir, lost=True, others=False)
+        for run, last in asked.asked:
+            say(f"asked {run.name} to stop after the step it is in, with a checkpoint (last logged: step {last})")
+        if not asked.asked:
+            say("no run was training: nothing to save")
+            return 0
+        say(f"waiting up to {budget:.0f} s for {len(asked.asked)} run(s) to save a checkpoint")
+        ended, left = wait_for_stops([r for r, _ in asked.asked], budget, db_url, address, runs_dir)
+        for end in ended:
+            at = f"at step {end.step}, its checkpoint saved " if end.step is not None else ""
+            say(f"{end.run.name} stopped {at}({end.run.status})")
+        for run in left:  # its request goes with it: the next attempt starts by clearing it
+            say(f"{run.name} did not stop within {budget:.0f} s: it resumes from its last checkpoint")
+        return 0
+    except Exception as exc:  # whatever it is, Ray is stopped next: say it in one line
+        say(f"could not let the runs save their step ({type(exc).__name__}: {' '.join(str(exc).split())[:300]})")
+        return 1
+    finally:
+        signal.alarm(0)
+
+
 def main(argv: list[str] | None = None) -> int:
     import argparse
 
@@ -484,12 +590,22 @@ def main(argv: list[str] | None = None) -> int:
     wait.add_argument("dashboard")
     wait.add_argument("count", type=int)
     wait.add_argument("timeout_s", type=float)
+    wait.add_argument("workers_pid", type=int, nargs="?", help="the srun starting the workers: stop if it ends")
     commands.add_parser("stop-node", help="end this job's Ray processes on this node")
+    stop = commands.add_parser("preempt", help="the trap: the sweep's runs save the step they are in, then end")
+    stop.add_argument("sweep")
+    stop.add_argument("signal", choices=("USR1", "TERM"))
+    stop.add_argument("--address", required=True, help="the job's Ray dashboard")
+    stop.add_argument("--runs-dir", required=True)
+    stop.add_argument("--db", default=os.environ.get(DB_ENVVAR) or DEFAULT_DB_URL)
+    stop.add_argument("--grace", type=float, default=SIGNAL_GRACE_S)
     args = parser.parse_args(argv)
+    if args.command == "preempt":
+        return preempt(args.sweep, args.signal, args.grace, args.db, args.address, Path(args.runs_dir))
     if args.command == "ports":
         sys.stdout.write(port_assignments(args.head))
     elif args.command == "wait-nodes":
-        why = wait_nodes(args.dashboard, args.count, args.timeout_s)
+        why = wait_nodes(args.dashboard, args.count, args.timeout_s, args.workers_pid)
         if why:
             print(f"rpg slurm: {why}", file=sys.stderr)
             return 1

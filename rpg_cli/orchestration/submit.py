@@ -51,6 +51,39 @@ def killed_by(job: JobDetails) -> str | None:
     return f"killed by signal {number} ({name}){why}"
 
 
+# Ray 2.60's words (gcs_server) when a job's supervisor actor dies with its node: "The actor died because
+# its node has died. Node Id: <id>" then "the actor's node was terminated [un]expectedly: <why>"; the
+# actor's own description above it holds "ip: <node's address>". When the supervisor's process is seen dead
+# before its node is (which Ray notices first is its own race), "The actor is dead because its worker process
+# has died. Worker exit type: SYSTEM_ERROR ...".
+_NODE_DIED = "its node has died"
+_PROCESS_DIED = "its worker process has died"
+_NODE_WHY = re.compile(r"the actor's node was (terminated[^\n]*)")
+_NODE_IP = re.compile(r"^\s*ip: (\S+)\s*$", re.MULTILINE)
+_EXIT_TYPE = re.compile(r"Worker exit type: (\w+)")
+_RESUME = (
+    "once the cluster has a live node for it, `rpg sweep SPEC --retry-failed` resumes the run from its last checkpoint"
+)
+
+
+def lost_node(job: JobDetails) -> str | None:
+    """One line for a job that failed because the node running it died, or its supervisor's process with it
+    (Ray's message for that is a dozen lines of actor ids), naming the node and what Ray saw; None for any
+    other failure. The run's checkpoints are on the shared runs/, so a retry resumes it on a node that is alive."""
+    message = getattr(job, "message", None) or ""
+    ip = _NODE_IP.search(message)
+    node = f"node {ip.group(1)}" if ip else "the node"
+    if _NODE_DIED in message:
+        why = _NODE_WHY.search(message)
+        seen = f" (Ray: {why.group(1).strip().rstrip('.')})" if why else ""
+        return f"{node} running the job died{seen}; {_RESUME}"
+    if _PROCESS_DIED in message and ip:
+        exit_type = _EXIT_TYPE.search(message)
+        seen = f"worker exit {exit_type.group(1)}" if exit_type else "its worker process died"
+        return f"the job's supervisor on {node} died (Ray: {seen}; the node itself may be gone); {_RESUME}"
+    return None
+
+
 def shell_command(argv: Sequence[str]) -> str:
     """The entrypoint Ray runs through a shell, in the directory the head was started from: go to where
     rpg runs, so that relative paths mean what they mean here. The local head shares this filesystem,

@@ -1,4 +1,5 @@
-"""A sweep's runs as Ray jobs: submit what needs it, follow, reconcile the store with Ray; cancel, logs.
+"""A sweep's runs as Ray jobs: submit what needs it, follow, reconcile the store with Ray; logs, `rpg stop`
+(`rpg cancel` and graceful stops: orchestration/cancel.py).
 
 The store is the source of truth for what rpg intends; Ray is the source of truth for what happened.
 Every state change is committed on its own, and the intent to submit (attempt, submission id) is
@@ -13,7 +14,7 @@ import contextlib
 import os
 import time
 from collections.abc import Callable, Iterable, Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -28,7 +29,8 @@ from rpg_cli.orchestration.head import (
     stop_local_head,
 )
 from rpg_cli.orchestration.plan import RunPlan, check_plans, failure_reason, launcher, refuse_bad_inputs, rehome
-from rpg_cli.orchestration.submit import from_ms, killed_by, ray_jobs, run_state, submit, tail_logs
+from rpg_cli.orchestration.submit import from_ms, killed_by, lost_node, ray_jobs, run_state, submit, tail_logs
+from rpg_cli.orchestration.watch import breach, stop_reason, verdict
 from rpg_cli.states import ATTACH, DONE, LIVE, NEW, SKIP, STATUSES, SUBMIT, TERMINAL, run_action
 from rpg_cli.store import DEFAULT_DB_URL, StoreError, open_store
 from rpg_cli.store.light import run_states
@@ -103,14 +105,17 @@ def run_sweep(
     on_update: Callable[[SweepProgress], None] | None = None,
     runs_dir: Path = DEFAULT_RUNS_DIR,
     poll_s: float = 2.0,
+    stall_timeout: float | None = None,
 ) -> SweepProgress:
     """Submit the sweep's runs that need it, then (unless `detach`) follow them to the end.
 
     Succeeded runs are skipped, live ones re-attached, lost ones (unknown to the cluster) resubmitted,
     failed or stopped ones resubmitted only with `retry_failed`. `on_update` receives a snapshot
     after the submissions and after every poll; the last snapshot is returned. Metrics are ingested
-    into the store as they arrive. Interrupting (KeyboardInterrupt) leaves the jobs running and the
-    store consistent: run the same sweep again to re-attach.
+    into the store as they arrive; a run that logs a non-finite loss or a step beyond its bounds, or (with
+    `stall_timeout`, seconds) stays stalled that much past its limit, is stopped and failed (watch.py).
+    Interrupting (KeyboardInterrupt) leaves the jobs running and the store consistent: run the same sweep
+    again to re-attach.
     """
     plans = list({p.id: p for p in plans}.values())
     states = run_states(db_url, [p.id for p in plans])
@@ -129,6 +134,7 @@ def run_sweep(
         for plan in plans:  # a shared runs/: no planted link or someone else's directory is written into
             rundir.make_run_dir(plan.run_dir)
         ids = [p.id for p in plans]
+        specs = {p.id: p.spec for p in plans}  # the watch block as the sweep's file says it now
         try:
             # a database server that restarts is waited for (a while): each step below is safe to repeat
             jobs = ray_jobs(client)
@@ -141,7 +147,7 @@ def run_sweep(
                 if detach or snapshot.finished:
                     return snapshot
                 time.sleep(poll_s)
-                store.riding_out(lambda: _poll(client, store, ids))
+                store.riding_out(lambda: _poll(client, store, ids, stall_timeout, specs))
         except StoreError as exc:
             again = "run the same `rpg sweep` command again to re-attach (the jobs keep running; every state is kept)"
             message = str(exc)  # said once: the store's own "run the same command again" becomes the sweep's
@@ -204,7 +210,7 @@ def _launch(
     run = store.run(plan.id)
     assert run is not None, "record_plans runs first"
     if run.submission_id in jobs:  # Ray knows what became of it while no rpg was watching
-        _sync(client, store, run, jobs[run.submission_id])
+        sync_run(client, store, run, jobs[run.submission_id])
         run = store.run(plan.id)
         assert run is not None
     action = run_action(run.status, retry_failed)
@@ -237,42 +243,59 @@ def _submit(client: JobSubmissionClient, store: Store, plan: RunPlan, submission
     store.set_status(plan.id, "submitted", submission_id=submission_id)
 
 
-def _poll(client: JobSubmissionClient, store: Store, run_ids: list[str]) -> None:
+def _poll(
+    client: JobSubmissionClient,
+    store: Store,
+    run_ids: list[str],
+    stall_timeout: float | None = None,
+    specs: dict[str, dict] | None = None,
+) -> None:
+    """Sync each live run with Ray, ingest its metrics, and stop and fail it for what watch.py finds; `specs`:
+    the plans' specs, whose watch block (not in the run id: the store keeps the first) is the one obeyed."""
     jobs = ray_jobs(client)
     for run in store.runs(ids=run_ids):
         if run.status in TERMINAL or not run.submission_id:
             continue
+        run = replace(run, spec=(specs or {}).get(run.id, run.spec))
         job = jobs.get(run.submission_id)
         if job is None:
             store.set_status(run.id, "failed", error="the job is unknown to the Ray cluster (was the head restarted?)")
-        elif _sync(client, store, run, job) in LIVE:
+        elif sync_run(client, store, run, job) in LIVE:
             store.ingest_metrics(run.id, run.metrics_path)
-            if why := store.divergence(run.id):  # a NaN loss trains nothing more: stop paying for it
+            if why := stop_reason(store, run, stall_timeout):  # a NaN loss, a bound crossed, a stall: stop paying
                 with contextlib.suppress(RuntimeError):
                     client.stop_job(run.submission_id)
-                _save_log(client, run)
+                save_log(client, run)
                 store.set_status(run.id, "failed", error=why, unless_terminal=True)
 
 
-def _sync(
+def sync_run(
     client: JobSubmissionClient, store: Store, run: RunRecord, job: JobDetails, stopped_why: str | None = None
 ) -> str:
     """Bring the run's stored state up to Ray's; at the end, ingest the last metrics and save job.log."""
     status = run_state(job.status)
-    if status == run.status:
-        return status
+    if status == run.status or run.status in TERMINAL:  # a terminal record (the watcher's failure) is kept
+        return run.status
     started = from_ms(job.start_time)
     if status in TERMINAL:
         store.ingest_metrics(run.id, run.metrics_path)  # before the state: a terminal run is complete
-        log = _save_log(client, run)
+        log = save_log(client, run)
         error = None
         if status == "stopped" and stopped_why:
             error = stopped_why
         elif status != "succeeded":  # a signal, or the log's reading, says more than Ray's "exit code 1"
-            error = killed_by(job) or (
-                failure_reason(run.backend, log[-20_000:]) if log.strip() else (job.message or f"job {status}")
+            error = (
+                killed_by(job)
+                or lost_node(job)
+                or (failure_reason(run.backend, log[-20_000:]) if log.strip() else (job.message or f"job {status}"))
             )
-        if status == "succeeded" and (why := store.divergence(run.id)):  # verl exits 0 through a NaN loss
+        if not stopped_why:  # a graceful stop (a preemption, `rpg cancel --graceful`) ends as its request says
+            from rpg_cli.orchestration.stops import graceful_stop
+
+            status, error = graceful_stop(run.run_dir, status, error) or (status, error)
+        # exit 0 is no proof (a NaN, a bound, steps short); a graceful stop after a NaN would fail again resumed
+        why = verdict(store, run) if status == "succeeded" else None
+        if why or (status in ("preempted", "stopped") and (why := breach(store, run))):
             status, error = "failed", why
         store.set_status(run.id, status, error=error, at=from_ms(job.end_time), started_at=started)
     else:
@@ -280,7 +303,7 @@ def _sync(
     return status
 
 
-def _save_log(client: JobSubmissionClient, run: RunRecord) -> str:
+def save_log(client: JobSubmissionClient, run: RunRecord) -> str:
     """The job's output, also saved as the run's job.log ('' when the cluster has none)."""
     log = ""
     with contextlib.suppress(RuntimeError, OSError):
@@ -333,190 +356,13 @@ def _sync_known(
     unknown = set()
     for run in runs:
         if run.status in LIVE and run.submission_id in jobs:
-            _sync(client, store, run, jobs[run.submission_id])
+            sync_run(client, store, run, jobs[run.submission_id])
         elif run.status in LIVE:
             unknown.add(run.id)
     return unknown
 
 
-# ------------------------------------------------------------------------------- cancel, logs, stop
-
-
-@dataclass(frozen=True)
-class Cancelled:
-    stopped: list[RunRecord]  # stopped now (or, never submitted, kept from being submitted)
-    finished: list[RunRecord]  # had ended before they could be stopped: recorded as Ray says
-    unconfirmed: list[RunRecord] = field(default_factory=list)  # Ray would not stop them: left as they were
-
-
-CANCELLED = "cancelled with `rpg cancel`"
-
-
-class NotOnClusterError(ClusterError):
-    """Runs `rpg cancel` was asked to stop whose jobs the cluster it can reach does not know; one line."""
-
-
-def cancel(
-    ref: str,
-    db_url: str = DEFAULT_DB_URL,
-    address: str | None = None,
-    runs_dir: Path = DEFAULT_RUNS_DIR,
-    wait_s: float = 20.0,
-    lost: bool = False,
-) -> Cancelled:
-    """Stop the unfinished runs that `ref` names (run id, id prefix, run name or sweep).
-
-    The store records only what rpg stopped. Ray is asked first (one list_jobs on the cluster at
-    `address`, else on the local head of `runs_dir`): a run whose job has ended keeps what it became (a
-    run that succeeded stays succeeded); the others' jobs are stopped and followed for up to `wait_s`
-    until Ray confirms. A run never submitted has no job: recording it stopped is what keeps a sweep
-    from submitting it. A run whose job the cluster does not know was launched elsewhere (another
-    --runs-dir, cluster or user) or lost with its head: ClusterError naming the cluster, and nothing is
-    stopped or recorded, unless `lost` (the caller knows their head is gone: `rpg cancel --lost`, or
-    `rpg cancel` just cancelled the sweep's Slurm job, whose Ray ran them). A run whose directory
-    belongs to another user is theirs to stop. A terminal state is never rewritten, even by a watcher that records one in between.
-    """
-    store = open_store(db_url, create=False)
-    try:
-        runs = store.resolve(ref)
-        if not runs:
-            raise StoreError(f"no run or sweep {ref!r} in the store; `rpg runs` lists them")
-        unfinished = [r for r in runs if r.status not in TERMINAL]
-        _refuse_others_runs(unfinished)
-        submitted = [r for r in unfinished if r.submission_id]
-        client, where = _cancel_client(address, runs_dir) if submitted else (None, "")
-        jobs = _cluster_jobs(client, where) if client is not None else {}
-        unknown = [r for r in submitted if r.submission_id not in jobs]
-        if unknown and not lost:
-            raise NotOnClusterError(_not_on_cluster(ref, unknown, len(unfinished), where, client is None))
-        stopped: list[RunRecord] = []
-        finished: list[RunRecord] = []
-        stopping: dict[str, RunRecord] = {}
-        for run in unfinished:
-            job = jobs.get(run.submission_id) if run.submission_id else None
-            if job is None:  # never submitted, or (with `lost`) no job runs for it: nothing to stop
-                if _record_stopped(store, run):
-                    stopped.append(run)
-            elif run_state(job.status) in TERMINAL:
-                _sync(client, store, run, job)
-                finished.append(run)
-            else:
-                stopping[run.id] = run
-        return _stop_jobs(client, store, stopping, where, wait_s, Cancelled(stopped, finished))
-    finally:
-        store.close()
-
-
-def _refuse_others_runs(runs: list[RunRecord]) -> None:
-    """ClusterError (one line) when a run's directory belongs to another user: they launched it, on their
-    head with their token; a shared store does not make it this user's to stop."""
-    me = os.geteuid()
-    theirs = []
-    for run in runs:
-        with contextlib.suppress(OSError):  # no directory here (another machine, an old rpg): nothing to say
-            if (uid := os.stat(run.run_dir).st_uid) != me:
-                theirs.append((run, uid))
-    if theirs:
-        names = ", ".join(f"{run.name} (uid {uid})" for run, uid in theirs[:3]) + (", ..." if len(theirs) > 3 else "")
-        raise ClusterError(
-            f"{len(theirs)} run(s) were launched by another user: {names}; nothing was stopped or recorded: "
-            f"they are theirs to stop (their head, their token), or cancel only your own runs by name"
-        )
-
-
-def _cancel_client(address: str | None, runs_dir: Path) -> tuple[JobSubmissionClient | None, str]:
-    """The client of the cluster the runs were submitted to, as far as rpg can tell, and that cluster in
-    words (None: no local head runs in `runs_dir`); ClusterError when it cannot be reached."""
-    address = address or os.environ.get("RAY_ADDRESS")
-    where = f"the Ray cluster at {address}" if address else f"the local Ray head in {Path(runs_dir).resolve()}/ray"
-    try:
-        return connect(address, runs_dir, start=False), where
-    except OSError as exc:  # another user's runs/ray: not even its files can be read
-        raise ClusterError(f"cannot reach {where} ({one_line(exc)}); nothing was stopped or recorded") from None
-
-
-def _cluster_jobs(client: JobSubmissionClient, where: str) -> dict[str, JobDetails]:
-    try:
-        return ray_jobs(client)
-    except (RuntimeError, OSError) as exc:  # the head went away, or refused the listing
-        raise ClusterError(
-            f"{where} did not list its jobs ({one_line(exc)}); nothing was stopped or recorded"
-        ) from None
-
-
-def _not_on_cluster(ref: str, unknown: list[RunRecord], unfinished: int, where: str, no_head: bool) -> str:
-    """The one line for runs rpg cannot find on the cluster it can reach: which, where, and the fixes."""
-    names = ", ".join(r.name for r in unknown[:3]) + (", ..." if len(unknown) > 3 else "")
-    why = f"were submitted to a Ray cluster, and {where} is not running" if no_head else f"are not on {where}"
-    return (
-        f"{len(unknown)} of {unfinished} unfinished run(s) of {ref!r} ({names}) {why}; nothing was stopped or "
-        "recorded: cancel them where they were launched (with their cluster's --runs-dir, or --address and its "
-        "token; another user's runs are theirs to stop), or pass --lost if their head is gone and no job runs for them"
-    )
-
-
-def _stop_jobs(
-    client: JobSubmissionClient | None,
-    store: Store,
-    stopping: dict[str, RunRecord],
-    where: str,
-    wait_s: float,
-    done: Cancelled,
-) -> Cancelled:
-    """Ask Ray to stop the jobs of `stopping` and record each as Ray confirms it (stopped, or what it
-    ended as in between). A job Ray accepted to stop but has not ended after `wait_s` is recorded
-    stopped (Ray ends it: SIGTERM, then SIGKILL); one Ray would not stop is left as it was."""
-    if not stopping:
-        return done
-    assert client is not None
-    accepted = {run.id for run in stopping.values() if _ask_to_stop(client, run, where)}
-    deadline = time.monotonic() + wait_s
-    while stopping:
-        for run in list(stopping.values()):
-            job = _job_info(client, run, where)
-            if run_state(job.status) in TERMINAL:
-                del stopping[run.id]
-                state = _sync(client, store, run, job, stopped_why=CANCELLED)
-                (done.stopped if state == "stopped" else done.finished).append(run)
-        if stopping and time.monotonic() > deadline:
-            for run in stopping.values():
-                if run.id not in accepted:
-                    done.unconfirmed.append(run)
-                    continue
-                _save_log(client, run)
-                if _record_stopped(store, run):
-                    done.stopped.append(run)
-            break
-        time.sleep(0.2)
-    return done
-
-
-def _ask_to_stop(client: JobSubmissionClient, run: RunRecord, where: str) -> bool:
-    """Whether Ray took the request to stop the run's job (False: it had ended, or Ray refused)."""
-    try:
-        return bool(client.stop_job(run.submission_id))
-    except RuntimeError:  # ended and gone in between, or refused: the follow-up sees which
-        return False
-    except OSError as exc:
-        raise ClusterError(
-            f"lost {where} while stopping {run.name} ({one_line(exc)}); run the same command again"
-        ) from None
-
-
-def _job_info(client: JobSubmissionClient, run: RunRecord, where: str) -> JobDetails:
-    try:
-        return client.get_job_info(run.submission_id)
-    except (RuntimeError, OSError) as exc:  # the head went away while its jobs were being stopped
-        raise ClusterError(
-            f"lost {where} while stopping {run.name} ({one_line(exc)}); what was not confirmed stopped is "
-            "recorded as it was: run the same command again"
-        ) from None
-
-
-def _record_stopped(store: Store, run: RunRecord) -> bool:
-    """Record a run stopped by `rpg cancel` (its last metrics first), unless it reached a terminal state."""
-    store.ingest_metrics(run.id, run.metrics_path)
-    return store.set_status(run.id, "stopped", error=CANCELLED, unless_terminal=True)
+# ------------------------------------------------------------------------------- logs, stop
 
 
 def job_logs(

@@ -3,11 +3,14 @@ filter), scored the same way at one step, compared per benchmark and overall by 
 B - A paired by problem (seeds unpaired unless asked) with its 95% interval over new seeds and new
 problems (or these problems), P(B > A) with its interval, the smallest difference detectable at 80%
 power (and the seeds that detect a named effect), the verdict. Also every spec field that differs
-between the groups besides the compared ones: a silent difference in lr or context makes it unfair."""
+between the groups besides the compared ones: a silent difference in lr or context makes it unfair.
+Runs that did not finish (failed, diverged, stopped, preempted, still running) are compared by nobody:
+each side is over its finished seeds, and the verdict says how many it lost and how."""
 
 from __future__ import annotations
 
 import json
+from collections import defaultdict
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -17,7 +20,16 @@ from rpg_cli import stats
 from rpg_cli.report.evidence import Evidence, aligned
 from rpg_cli.report.names import BENCHMARK_ORDER, method_labels
 from rpg_cli.report.options import CompareOptions, given
-from rpg_cli.report.scores import ReportError, protocol_text, scores, select_runs
+from rpg_cli.report.scores import (
+    RUNNING,
+    ReportError,
+    Unfinished,
+    protocol_text,
+    scores,
+    select_runs,
+    unfinished_runs,
+    who,
+)
 from rpg_cli.report.summary import parse_where, spec_matches
 
 if TYPE_CHECKING:
@@ -31,8 +43,32 @@ _MEANS = ("benchmark mean",)  # the one "problem" of a benchmark known only by i
 @dataclass
 class Side:
     name: str  # as printed: the method, the filter, or the run names
-    runs: list[RunRecord]
+    runs: list[RunRecord]  # the ones compared: every run of the side that finished
     compared: tuple[str, ...]  # spec fields this side is defined by
+    not_finished: list[Unfinished] = field(default_factory=list)  # its runs that did not finish: not compared
+
+    @property
+    def ran(self) -> int:
+        return len(self.runs) + len(self.not_finished)
+
+    def who(self, run: Unfinished) -> str:
+        """'seed 2', or the run's name where its seed does not tell it from the side's other runs."""
+        return who(run, [*(r.spec.get("seed") for r in self.runs), *(u.seed for u in self.not_finished)], "").strip()
+
+    def lost_text(self) -> str | None:
+        """'GRPO: 1 of 3 seeds diverged at step 120; the interval is over the 2 that finished' (None: none lost)."""
+        if not self.not_finished:
+            return None
+        by_state: dict[str, list[Unfinished]] = defaultdict(list)
+        for run in self.not_finished:
+            by_state[run.state].append(run)
+        lost = f"{len(self.not_finished)} of {self.ran} seeds"
+        if len(by_state) == 1:
+            ((state, runs),) = by_state.items()
+            lost += f" {_how(state, runs)}"
+        else:
+            lost += " did not finish (" + ", ".join(f"{len(r)} {_how(s, r)}" for s, r in by_state.items()) + ")"
+        return f"{self.name}: {lost}; the interval is over the {len(self.runs)} that finished"
 
 
 @dataclass
@@ -46,8 +82,12 @@ class Result:
     notes: list[str] = field(default_factory=list)
 
     def lines(self) -> list[str]:
-        """The compare lines, one per benchmark and overall (the CLI adds the header and fields)."""
-        return [c.text(self.a.name, self.b.name) for c in self.comparisons]
+        """The compare lines, one per benchmark and overall, then one per side that lost seeds (the CLI
+        adds the header and fields)."""
+        return [c.text(self.a.name, self.b.name) for c in self.comparisons] + self.lost_lines()
+
+    def lost_lines(self) -> list[str]:
+        return [text for side in (self.a, self.b) if (text := side.lost_text())]
 
     def header(self) -> list[str]:
         return [f"A: {_side_text(self.a)}", f"B: {_side_text(self.b)}", f"scores: {self.source}; step: {self.step}"]
@@ -57,21 +97,46 @@ class Result:
 
     def to_json(self) -> str:
         doc = {
-            "a": {"name": self.a.name, "runs": [r.name for r in self.a.runs]},
-            "b": {"name": self.b.name, "runs": [r.name for r in self.b.runs]},
+            "a": _side_dict(self.a),
+            "b": _side_dict(self.b),
             "source": self.source,
             "step": self.step,
             "comparisons": [c.as_dict() for c in self.comparisons],
             "spec_differences": [{"field": p, "a": a, "b": b} for p, a, b in self.differences],
+            "not_finished": self.lost_lines(),
             "notes": self.notes,
         }
         return json.dumps(doc, indent=2) + "\n"
 
 
+def _side_dict(side: Side) -> dict[str, Any]:
+    """A side as data: the runs compared (finished), how many ran, and the ones that did not finish."""
+    return {
+        "name": side.name,
+        "runs": [r.name for r in side.runs],
+        "finished": len(side.runs),
+        "ran": side.ran,
+        "not_finished": [run.as_dict() for run in side.not_finished],
+    }
+
+
+def _how(state: str, runs: list[Unfinished]) -> str:
+    """'diverged at step 120', 'preempted at steps 40, 60', 'still running (step 37)'."""
+    steps = sorted({r.step for r in runs if r.step is not None})
+    at = ", ".join(map(str, steps))
+    if state == RUNNING:
+        return "still running" + (f" (step{'s' if len(steps) > 1 else ''} {at})" if steps else "")
+    return f"{state} " + (f"at step{'s' if len(steps) > 1 else ''} {at}" if steps else "before a first step")
+
+
 def _side_text(side: Side) -> str:
     seeds = sorted({str(r.spec.get("seed")) for r in side.runs})
     runs = f"{len(side.runs)} run" + ("s" if len(side.runs) != 1 else "")
-    return f"{side.name}, {runs} (seed{'s' if len(seeds) != 1 else ''} {', '.join(seeds)})"
+    text = f"{side.name}, {runs} (seed{'s' if len(seeds) != 1 else ''} {', '.join(seeds)})"
+    if side.not_finished:
+        lost = "; ".join(f"{side.who(u)}, {u.text()}" for u in side.not_finished)
+        text += f"; did not finish, not compared: {lost}"
+    return text
 
 
 def resolve_side(store: Store, ref: str, scope: list[RunRecord], letter: str) -> Side:
@@ -153,6 +218,7 @@ def compare_groups(
     if not scope:
         raise ReportError(f"no run matches --where {' '.join(options.where)}")
     a, b = resolve_side(store, a_ref, scope, "A"), resolve_side(store, b_ref, scope, "B")
+    _set_aside_unfinished(store, a, b)
     runs = a.runs + [r for r in b.runs if r not in a.runs]
     result = scores(store, [r.id for r in runs], options.metric, options.scorer)
     _check_scored(result, a, b, options.metric)
@@ -230,6 +296,22 @@ def compare_groups(
     step_text = f"last ({', '.join(map(str, sorted(steps_used)))})" if options.step is None else str(options.step)
     source = origin.text()
     return Result(a, b, source, step_text, comparisons, spec_differences(a, b), notes)
+
+
+def _set_aside_unfinished(store: Store, a: Side, b: Side) -> None:
+    """Each side keeps its finished runs and lists the others (no score of theirs is compared, whichever
+    source); ReportError, one line, for a side none of whose runs finished."""
+    lost = unfinished_runs(store, a.runs + [r for r in b.runs if r not in a.runs])
+    for side, letter in ((a, "A"), (b, "B")):
+        side.not_finished = [lost[r.id] for r in side.runs if r.id in lost]
+        side.runs = [r for r in side.runs if r.id not in lost]
+        if not side.runs:
+            states = "; ".join(f"{side.who(u)} {u.text()}" for u in side.not_finished[:3])
+            more = f"; and {len(side.not_finished) - 3} more" if len(side.not_finished) > 3 else ""
+            raise ReportError(
+                f"{letter} ({side.name}): no run of it finished ({states}{more}); "
+                "only finished runs are compared: `rpg runs` shows where each one is"
+            )
 
 
 def _check_scored(result: Any, a: Side, b: Side, metric: str) -> None:

@@ -8,7 +8,7 @@ import json
 from typing import Any
 
 from rpg_cli import stats
-from rpg_cli.report.tables import WHICH_TITLES, Table, cell_bounds, fmt
+from rpg_cli.report.tables import WHICH_TITLES, Cell, Table, cell_bounds, fmt
 
 
 def column_title(bench: str, which: str) -> str:
@@ -44,7 +44,7 @@ def to_markdown(table: Table) -> str:
             "|" + "|".join([":---", "---:"] + ["---:"] * (len(header) - 2)) + "|",
         ]
         for row in group.rows:
-            line = [_md_escape(row.method), str(len(row.runs))]
+            line = [_md_escape(row.method), row.seeds_text]
             for column in table.columns:
                 cell = row.cells[column]
                 text = cell_bounds(cell)
@@ -106,7 +106,7 @@ def to_latex(table: Table) -> str:
         lines.append("\\midrule")
         lines.append(f"\\multicolumn{{{ncols}}}{{l}}{{\\textit{{{latex_escape(group_title(group))}}}}} \\\\")
         for row in group.rows:
-            cells = [latex_escape(row.method), str(len(row.runs))]
+            cells = [latex_escape(row.method), row.seeds_text]
             for column in table.columns:
                 cell = row.cells[column]
                 text = (
@@ -130,10 +130,12 @@ def to_latex(table: Table) -> str:
 
 
 def table_records(table: Table) -> list[dict[str, Any]]:
-    """One flat dict per row: model, context, method, seeds, runs, then per benchmark and Last/Best
-    the estimate (mean), the 95% interval's bounds (low, high), seeds (n), problems, what the
-    interval is about in words (covers: "new seeds and new problems" or "new seeds, these problems"),
-    a caution where it covers less, rank (and paper, diff with --compare-paper). Fractions in [0, 1]."""
+    """One flat dict per row: model, context, method, seeds (that finished), ran, runs (the finished ones),
+    then per benchmark and Last/Best the estimate (mean), the 95% interval's bounds (low, high), seeds
+    (n), problems, what the interval is about in words (covers: "new seeds and new problems" or "new
+    seeds, these problems"), a caution where it covers less, rank (and paper, diff with
+    --compare-paper), finished and ran, and not_finished: the runs that did not finish (name, seed,
+    state, reason, step; a JSON list in CSV). Fractions in [0, 1]."""
     records = []
     for group in table.groups:
         for row in group.rows:
@@ -142,12 +144,13 @@ def table_records(table: Table) -> list[dict[str, Any]]:
                 "context": group.context,
                 "method": row.method,
                 "seeds": len(row.runs),
+                "ran": len(row.runs) + len(row.not_finished),
                 "runs": " ".join(row.runs),
             }
             for (bench, which), cell in row.cells.items():
                 prefix = f"{bench}_{which}"
                 for key in CELL_FIELDS:
-                    rec[f"{prefix}_{key}"] = getattr(cell, key)
+                    rec[f"{prefix}_{key}"] = _field(cell, key)
             records.append(rec)
     return records
 
@@ -159,7 +162,9 @@ def to_csv(table: Table) -> str:
         writer = csv.DictWriter(buf, fieldnames=list(records[0]), lineterminator="\n")
         writer.writeheader()
         for rec in records:
-            writer.writerow({k: "" if v is None else v for k, v in rec.items()})
+            writer.writerow(
+                {k: "" if v is None else json.dumps(v) if isinstance(v, list) else v for k, v in rec.items()}
+            )
     return buf.getvalue()
 
 
@@ -185,9 +190,11 @@ def to_json(table: Table) -> str:
                         "base": row.base,
                         "paper_method": row.paper_method,
                         "runs": row.runs,
+                        "finished": len(row.runs),
+                        "ran": len(row.runs) + len(row.not_finished),
                         "cells": {
                             bench: {
-                                which: {k: getattr(row.cells[(bench, which)], k) for k in CELL_FIELDS}
+                                which: {k: _field(row.cells[(bench, which)], k) for k in CELL_FIELDS}
                                 for which in table.which
                             }
                             for bench in table.benchmarks
@@ -202,6 +209,26 @@ def to_json(table: Table) -> str:
     return json.dumps(doc, indent=2) + "\n"
 
 
-CELL_FIELDS = ("mean", "low", "high", "n", "problems", "covers", "caution", "rank", "paper", "diff")
+def _field(cell: Cell, key: str) -> Any:
+    """A cell's field as data: the runs that did not finish as dicts (name, seed, state, reason, step)."""
+    value = getattr(cell, key)
+    return [run.as_dict() for run in value] if key == "not_finished" else value
+
+
+CELL_FIELDS = (
+    "mean",
+    "low",
+    "high",
+    "n",
+    "problems",
+    "covers",
+    "caution",
+    "rank",
+    "paper",
+    "diff",
+    "finished",
+    "ran",
+    "not_finished",
+)
 RENDERERS = {"markdown": to_markdown, "latex": to_latex, "csv": to_csv, "json": to_json}
 FORMAT_BY_SUFFIX = {".md": "markdown", ".markdown": "markdown", ".tex": "latex", ".csv": "csv", ".json": "json"}

@@ -9,10 +9,12 @@ import re
 from collections import defaultdict
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
+from rpg_cli import rundir
 from rpg_cli.benchmarks import benchmark_name
 from rpg_cli.metrics import VAL_CORE, VAL_KEY_RE
+from rpg_cli.states import DONE, LIVE, run_action
 from rpg_cli.store.ingest import VERL_VAL_SCORER
 
 if TYPE_CHECKING:
@@ -31,6 +33,67 @@ def select_runs(store: Store, sweep: str | None = None) -> list[RunRecord]:
     if sweep is not None and (sweeps := store.sweeps()):
         raise ReportError(f"no sweep {sweep!r} in the results store; sweeps: {', '.join(sweeps)}")
     raise ReportError("the results store has no runs yet; run `rpg sweep SPEC` first (or pass --db URL)")
+
+
+# -------------------------------------------------------------------- runs that did not finish
+
+RUNNING, DIVERGED = "running", "diverged"  # how a live run and a failed run that diverged are shown
+REASON_CHARS = 200  # a reason in a footer: its first line, cut here
+
+
+@dataclass(frozen=True)
+class Unfinished:
+    """A run that did not finish (any state but succeeded): it gives its cell no score from any source
+    (a diverged run's own training validation never stands in for its missing evaluation), only a
+    line in the footer, and it counts in the cell's seeds ("2/3")."""
+
+    id: str
+    name: str
+    seed: Any
+    state: str  # DIVERGED, failed, stopped, preempted, ... as stored; RUNNING for pending, submitted, running
+    reason: str | None  # diverged: what went non-finite; else the stored error's first line
+    step: int | None  # the step it reached (diverged: the step that diverged); None: none logged
+
+    def text(self) -> str:
+        """'diverged at step 120 (actor/pg_loss is nan)', 'preempted at step 40', 'running, step 37'."""
+        if self.state == RUNNING:
+            return f"{RUNNING}, " + ("no step yet" if self.step is None else f"step {self.step}")
+        at = "before its first step" if self.step is None else f"at step {self.step}"
+        if self.state == DIVERGED:
+            return f"{DIVERGED} {at}" + (f" ({self.reason})" if self.reason else "")
+        return f"{self.state} {at}" + (f": {self.reason}" if self.reason else "")
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"name": self.name, "seed": self.seed, "state": self.state, "reason": self.reason, "step": self.step}
+
+
+def unfinished_runs(store: Store, runs: Sequence[RunRecord]) -> dict[str, Unfinished]:
+    """{run id: Unfinished} for the runs not succeeded, in their order, with the step each reached (the
+    store's ingestion bookkeeping: one query, no metrics scan)."""
+    lost = [r for r in runs if run_action(r.status) != DONE]
+    steps = store.last_steps([r.id for r in lost]) if lost else {}
+    out = {}
+    for r in lost:
+        state, reason, step = r.status, _first_line(r.error), steps.get(r.id)
+        if r.status in LIVE:
+            state, reason = RUNNING, None
+        elif r.status == "failed" and (at := rundir.diverged_at(r.error)):
+            state, (step, reason) = DIVERGED, at
+            reason = reason or None
+        out[r.id] = Unfinished(r.id, r.name, r.spec.get("seed"), state, reason, step)
+    return out
+
+
+def _first_line(error: str | None) -> str | None:
+    line = next((x.strip() for x in (error or "").splitlines() if x.strip()), "")
+    return None if not line else line if len(line) <= REASON_CHARS else line[: REASON_CHARS - 3] + "..."
+
+
+def who(run: Unfinished, seeds: Sequence[Any], method: str) -> str:
+    """How a footer names a run of a method: 'GRPO seed 2' where its seed is once among `seeds` (those of
+    all the method's runs), else 'GRPO grpo-s2-1a2b3c4d' (its run name)."""
+    unique = isinstance(run.seed, int) and list(seeds).count(run.seed) == 1
+    return f"{method} seed {run.seed}" if unique else f"{method} {run.name}"
 
 
 _METRIC_RE = re.compile(r"^(mean|pass|maj)(?:@(k|\d+))?$")

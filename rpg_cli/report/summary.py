@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any
 from rpg_cli.metrics import REWARD
 from rpg_cli.report.scores import ReportError, pick_val_keys, val_keys
 from rpg_cli.states import LIVE
+from rpg_cli.watch import last_line, stalled
 
 if TYPE_CHECKING:
     from rpg_cli.store import Store
@@ -35,9 +36,14 @@ SUMMARY_FIELDS = (
     "started",
     "finished",
     "error",
+    "stalled_s",
+    "last_line",
 )
-# the table's columns (wall = queued + run, and the times but one, are in the CSV and JSON only)
-TABLE_FIELDS = tuple(f for f in SUMMARY_FIELDS if f not in ("wall_s", "submitted", "finished"))
+# the table's columns (wall = queued + run, and the times but one, are in the CSV and JSON only; a stall shows
+# in the state and error columns)
+TABLE_FIELDS = tuple(
+    f for f in SUMMARY_FIELDS if f not in ("wall_s", "submitted", "finished", "stalled_s", "last_line")
+)
 TABLE_TITLES = {"val": "val acc", "queued_s": "queued", "run_s": "run", "started": "started (UTC)"}
 
 
@@ -317,7 +323,9 @@ def runs_summary(
     (last step logged), reward (last critic/score/mean), val (the mean over benchmarks of each one's
     last val-core mean@k), queued_s (in Ray's queue: from submitted to started), run_s (from started to
     finished or now), wall_s (both), submitted (Ray took the job), started (rpg first saw it running; the
-    watcher looks every few seconds), finished, error. A time rpg did not see is None."""
+    watcher looks every few seconds), finished, error; and for a running run that has stalled (rpg_cli/watch.py:
+    no new metrics for the spec's watch.stall), stalled_s (since its metrics last advanced) and last_line (the
+    last line of its output). A time rpg did not see is None."""
     filters = parse_where(where)
     runs = [
         r for r in store.runs(sweep=sweep, status=list(status) if status else None) if spec_matches(r.spec, filters)
@@ -327,6 +335,9 @@ def runs_summary(
     val = pick_val_keys(val_keys(store, ids), "mean", None) if ids else {}
     latest = store.latest_values(ids, [REWARD, *val]) if ids else {}
     now = now or datetime.now(timezone.utc).replace(tzinfo=None)
+    running = [r for r in runs if r.status == "running"]
+    facts = store.stall_facts(r.id for r in running) if running else {}
+    stalls = {r.id: stalled(r.spec, r.run_dir, steps.get(r.id), *facts[r.id], now) for r in running}
     out = []
     for r in runs:
         values = latest.get(r.id, {})
@@ -354,6 +365,8 @@ def runs_summary(
                 "started": _when(r.running_at),
                 "finished": _when(r.finished_at),
                 "error": r.error,
+                "stalled_s": None if (stall := stalls.get(r.id)) is None else stall.idle_s,
+                "last_line": None if stall is None else last_line(r.run_dir),
             }
         )
     return out

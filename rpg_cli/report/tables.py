@@ -10,7 +10,11 @@ in points.
 Columns per benchmark: Last (each run's final evaluated step); Best (val-selected): each run's step
 with the highest score on the selection benchmark (`select_on`; then not a test column), reported
 on the test benchmark at that step; Best (test-selected): the maximum over evaluated steps on the
-test benchmark itself, the paper's Best, biased upward, shown with --compare-paper only."""
+test benchmark itself, the paper's Best, biased upward, shown with --compare-paper only.
+
+Runs that did not finish (failed, diverged, stopped, preempted, still running) give no score from any
+source: a cell is over its finished seeds, its row says how many finished of how many ran ("2/3"), and
+the footer names each other run with its state, reason and step (scores.Unfinished)."""
 
 from __future__ import annotations
 
@@ -19,6 +23,7 @@ import io
 import math
 import statistics
 from collections import defaultdict
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from importlib import resources
 from typing import TYPE_CHECKING, Any
@@ -35,7 +40,17 @@ from rpg_cli.report.names import (
     model_name,
 )
 from rpg_cli.report.options import TableOptions, given
-from rpg_cli.report.scores import ReportError, Scores, not_shown, runs_text, scores, select_runs
+from rpg_cli.report.scores import (
+    ReportError,
+    Scores,
+    Unfinished,
+    not_shown,
+    runs_text,
+    scores,
+    select_runs,
+    unfinished_runs,
+    who,
+)
 from rpg_cli.stats import NO_INTERVAL, Interval
 
 if TYPE_CHECKING:
@@ -62,6 +77,9 @@ class Cell:
     caution: str = ""  # rpg_cli.stats.CAUTION where the interval is known to cover less than 95%
     steps: tuple[int, ...] = ()  # the evaluated steps of its runs (one per run), for the footer
     left_out: tuple[str, ...] = ()  # "run (its source)" of the row's runs scored here only by another source
+    finished: int = 0  # the row's runs that finished (scored): the seeds the interval may be over
+    ran: int = 0  # finished + not_finished
+    not_finished: tuple[Unfinished, ...] = ()  # the row's runs that did not finish: no score, a footer line
 
     @classmethod
     def of(cls, interval: Interval) -> Cell:
@@ -83,6 +101,18 @@ class Row:
     runs: list[str]  # run names
     cells: dict[tuple[str, str], Cell] = field(default_factory=dict)  # (benchmark, last|best) -> cell
     paper_method: str | None = None  # the paper's row it is compared with, when it is one
+    seeds: list = field(default_factory=list)  # the seeds of `runs` (an unfinished run is named by its seed)
+    not_finished: list[Unfinished] = field(default_factory=list)  # its runs that did not finish
+
+    @property
+    def seeds_text(self) -> str:
+        """'3' when every run finished, else finished of ran: '2/3'."""
+        ran = len(self.runs) + len(self.not_finished)
+        return str(ran) if not self.not_finished else f"{len(self.runs)}/{ran}"
+
+    def who(self, run: Unfinished) -> str:
+        """'GRPO seed 2' (or its run name where its seed does not tell it from the row's other runs)."""
+        return who(run, [*self.seeds, *(u.seed for u in self.not_finished)], self.method)
 
 
 @dataclass
@@ -117,11 +147,21 @@ def build_table(store: Store, options: TableOptions | None = None, **fields: Any
     holds one source: runs scored there only by another are named in the footer, never averaged in).
     Columns per test benchmark: Last, Best (val-selected) when `select_on` names the selection
     benchmark, Best (test-selected) with `compare_paper`. Intervals over new seeds and new problems,
-    or with `fixed_problems` over new seeds on these problems."""
+    or with `fixed_problems` over new seeds on these problems. Runs that did not finish give no score:
+    they join their method's row in the first section, counted in its seeds and named in the footer."""
     options = given(TableOptions, options, fields)
     runs = select_runs(store, options.sweep)
-    ids = [r.id for r in runs]
-    first = scores(store, ids, options.metric, options.scorer)
+    lost = unfinished_runs(store, runs)
+    finished = [r for r in runs if r.id not in lost]
+    if not finished:
+        raise ReportError(_none_finished(list(lost.values())))
+    ids = [r.id for r in finished]
+    try:
+        first = scores(store, ids, options.metric, options.scorer)
+    except ReportError as e:  # about the finished runs: say that the others were not asked
+        if not lost:
+            raise
+        raise ReportError(f"{e} (finished runs; {_states(lost.values())} did not finish and give none)") from None
     sections = [first]
     if first.other_protocols:
         eval_scorer = next(o.scorer for o in first.origins.values() if o.evaluated)
@@ -148,33 +188,45 @@ def build_table(store: Store, options: TableOptions | None = None, **fields: Any
     groups: list[Group] = []
     scored_ids: set[str] = set()
     sources: list[str] = []
-    for result in sections:
+    for position, result in enumerate(sections):
         evidence = Evidence(store, result)
-        scored = [r for r in runs if r.id in result.values]
+        scored = [r for r in finished if r.id in result.values]
         scored_ids |= {r.id for r in scored}
-        labels = method_labels({r.id: r.spec for r in scored})
+        shown = scored + ([r for r in runs if r.id in lost] if position == 0 else [])  # the unfinished: first section
+        labels = method_labels({r.id: r.spec for r in shown})
         by_row: dict[tuple[str, str, str], list[RunRecord]] = defaultdict(list)
-        for r in scored:
+        for r in shown:
             by_row[(model_name(r.spec), context_name(r.spec), labels[r.id])].append(r)
         section = "; ".join(result.sources) if len(sections) > 1 else ""
         in_section: dict[tuple[str, str], Group] = {}
-        for (model, context, label), members in sorted(
+        for (model, context, label), every in sorted(
             by_row.items(),
             key=lambda kv: (kv[0][0], CONTEXT_ORDER.get(kv[0][1], 9), kv[0][1], method_sort_key(kv[0][2])),
         ):
-            row = Row(label, method_base(members[0].spec), [r.name for r in members])
+            members = [r for r in every if r.id not in lost]
+            row = Row(
+                label,
+                method_base(every[0].spec),
+                [r.name for r in members],
+                seeds=[r.spec.get("seed") for r in members],
+            )
+            row.not_finished = [lost[r.id] for r in every if r.id in lost]
             for bench in tests:
                 for kind in which:
-                    row.cells[(bench, kind)] = _cell(
-                        evidence, result, members, bench, kind, options.select_on, options.fixed_problems
+                    cell = (
+                        _cell(evidence, result, members, bench, kind, options.select_on, options.fixed_problems)
+                        if members
+                        else Cell()
                     )
-            if options.compare_paper and all(r.spec.get("optimizer") == "adamw" for r in members):
+                    cell.finished, cell.ran, cell.not_finished = len(members), len(every), tuple(row.not_finished)
+                    row.cells[(bench, kind)] = cell
+            if options.compare_paper and all(r.spec.get("optimizer") == "adamw" for r in every):
                 _paper_cells(row, paper, model, context)
             in_section.setdefault((model, context), Group(model, context, [], section)).rows.append(row)
         groups += in_section.values()
         sources += result.sources + _starting_policy(result, scored, tests)
-    if len(scored_ids) < len(runs):
-        sources.append(f"not scored yet: {runs_text(len(runs) - len(scored_ids))}")
+    if len(scored_ids) < len(finished):
+        sources.append(f"not scored yet: {runs_text(len(finished) - len(scored_ids))}")
     table = Table(first.metric, tests, groups, sources, options.compare_paper, options.sweep, which, options.select_on)
     table.fixed_problems = options.fixed_problems
     for group in table.groups:
@@ -183,6 +235,21 @@ def build_table(store: Store, options: TableOptions | None = None, **fields: Any
     stat = next(iter(first.origins.values())).stat
     table.notes = _notes(table) + not_shown(store, ids, stat, shown)
     return table
+
+
+def _none_finished(lost: list[Unfinished]) -> str:
+    """The one line for a table with no finished run."""
+    return (
+        f"no run has finished ({_states(lost)}): a table holds finished runs only; `rpg runs` shows where each one is"
+    )
+
+
+def _states(lost: Iterable[Unfinished]) -> str:
+    """How many runs are in which state: '2 running, 1 diverged'."""
+    states: dict[str, int] = defaultdict(int)
+    for run in lost:
+        states[run.state] += 1
+    return ", ".join(f"{n} {state}" for state, n in states.items())
 
 
 def _paper_cells(row: Row, paper: dict, model: str, context: str) -> None:
@@ -284,6 +351,12 @@ def _notes(table: Table) -> list[str]:
     """The footer: what the numbers are, what their intervals are about (seeds, problems), and every
     cell that left runs out, mixes steps or covers less than it says."""
     notes = [f"cells: score ±half-width of its {stats.CONFIDENCE:.0%} confidence interval, in percent"]
+    lost = [f"{row.who(run)}: {run.text()}" for group in table.groups for row in group.rows for run in row.not_finished]
+    if lost:
+        notes.append(
+            "seeds: finished/ran; did not finish, so no score (each interval is over the seeds that finished): "
+            + "; ".join(lost)
+        )
     covers: dict[str, tuple[set[int], set[int]]] = {}
     caution, left_out, steps = [], [], []
     for group in table.groups:

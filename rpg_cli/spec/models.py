@@ -13,12 +13,14 @@ from typing import TYPE_CHECKING, Annotated, Any, Literal
 from pydantic import (
     BaseModel,
     BeforeValidator,
+    ConfigDict,
     Field,
     create_model,
     model_serializer,
     model_validator,
 )
 
+from rpg_cli import watch as watchdog
 from rpg_cli.algorithms.defaults import CLIP_C, OVERLONG_BUFFER, OVERLONG_PENALTY_FACTOR
 from rpg_cli.benchmarks import SCORERS
 from rpg_cli.spec.errors import SpecError, _model_in, _num
@@ -198,6 +200,69 @@ class Resources(_Frozen):
     gpu_memory_gib: float = Field(DEFAULT_GPU_MEMORY_GIB, gt=0, le=4096)
 
 
+class WatchBound(_Frozen):
+    """A bound on one metric that the watchdog checks at every step it ingests (rpg_cli/watch.py): a step after
+    `after_step` beyond max or below min stops the run and fails it with one line. For a default's key, the
+    fields given change the default's (rollout_corr/k3_kl: {after_step: 5} keeps its max)."""
+
+    max: float | None = None
+    min: float | None = None
+    after_step: int | None = Field(None, ge=0, le=MAX_STEPS)  # grace: steps up to it are not checked
+
+    @model_validator(mode="after")
+    def _ordered(self) -> WatchBound:
+        if self.max is not None and self.min is not None and self.min > self.max:
+            raise ValueError(f"min {self.min:g} is above max {self.max:g}; allowed: min <= max")
+        return self
+
+    @model_serializer(mode="wrap")
+    def _drop_unset(self, handler: Any) -> dict[str, Any]:
+        # what the spec sets, only: the default bound's own fields fill the rest (watch.bounds)
+        return {k: v for k, v in handler(self).items() if v is not None}
+
+
+class StallWatch(_Frozen):
+    """When `rpg runs` shows a running run stalled, and `rpg sweep --stall-timeout` counts from: no new metrics
+    for `factor` x its median step time, at least `floor_s` seconds (rpg_cli/watch.py says why these defaults)."""
+
+    factor: float = Field(watchdog.STALL_FACTOR, ge=1)
+    floor_s: float = Field(watchdog.STALL_FLOOR_S, gt=0)
+
+
+BOUND_FORMS = "{max: X}, {min: X}, both, each with after_step: N; or null (turns a default off)"
+
+
+def _bound_form(value: Any) -> Any:
+    # a bare number or a typo'd field: one line naming what a bound takes
+    if value is None or isinstance(value, WatchBound):
+        return value
+    if not isinstance(value, dict):
+        raise ValueError(f"got {value!r}; allowed: {BOUND_FORMS}")
+    if unknown := [k for k in value if k not in WatchBound.model_fields]:
+        raise ValueError(f"unknown field {unknown[0]!r}; allowed: {', '.join(WatchBound.model_fields)}")
+    return value
+
+
+class Watch(_Frozen):
+    """The watchdog (rpg_cli/watch.py): `stall` settings, and a bound per metric key. The defaults watch
+    training/rollout_probs_diff_mean and rollout_corr/k3_kl (a broken weight sync to vLLM); a key changes a
+    default's fields or adds a bound of the spec's own (actor/entropy: {min: 0.05}); null turns a default off.
+    Not in the run id: it stops runs, and changes no number a run computes."""
+
+    model_config = ConfigDict(frozen=True, extra="allow", strict=True, allow_inf_nan=False)
+    __pydantic_extra__: dict[str, Annotated[WatchBound | None, BeforeValidator(_bound_form)]] = Field(init=False)
+    stall: StallWatch | None = None
+
+    @model_validator(mode="after")
+    def _bounds_something(self) -> Watch:
+        for key, bound in (self.model_extra or {}).items():
+            if why := watchdog.key_fault(key):  # a ValueError: pydantic places it (watch, or base.watch in a sweep)
+                raise ValueError(why)
+            if bound is not None and bound.max is None and bound.min is None and key not in watchdog.DEFAULT_BOUNDS:
+                raise ValueError(f"{key} bounds nothing; allowed: {BOUND_FORMS}")
+        return self
+
+
 # One optional field per registered tracker (rpg_cli.trackers.TRACKERS), its settings model: a new
 # tracker needs no edit here.
 TRACKER_NAMES = tuple(TRACKERS)
@@ -270,7 +335,7 @@ Reference = Annotated[Every | Literal["iterative", "frozen"], BeforeValidator(_r
 
 # Where metrics are reported and how a run executes, not what it computes: spec.json records these fields
 # (dotted: a field of a block), the run id ignores them.
-NOT_IN_RUN_ID = ("trackers", "verl.site", "verl.env", "checkpoints", "resources.gpu_memory_gib")
+NOT_IN_RUN_ID = ("trackers", "verl.site", "verl.env", "checkpoints", "resources.gpu_memory_gib", "watch")
 # Added after run ids were published: left out of the canonical spec while empty, so older ids stand.
 OMITTED_WHEN_EMPTY = ("chat_template_kwargs", "scorers", "verl")
 
@@ -345,6 +410,7 @@ class ExperimentSpec(_Frozen):
     resources: Resources
     trackers: TrackersSetting = None
     verl: Verl = Field(default_factory=Verl)  # backend verl only: extra overrides and env (see Verl)
+    watch: Watch | None = None  # the watchdog's bounds and stall settings (None: its defaults; not in the run id)
 
     @model_validator(mode="before")
     @classmethod
@@ -445,7 +511,10 @@ class ExperimentSpec(_Frozen):
 
     def canonical(self) -> dict[str, Any]:
         """The JSON-ready spec, defaults included: what spec.json holds (the run id hashes canonical_json)."""
-        return without_empty(self.model_dump(mode="json"))
+        spec = self.model_dump(mode="json")
+        if spec.get("watch") is None:  # the defaults: spec.json and the store as before the watch block
+            spec.pop("watch", None)
+        return without_empty(spec)
 
     def canonical_json(self) -> str:
         """What the run id hashes: the canonical spec less NOT_IN_RUN_ID."""

@@ -25,7 +25,7 @@ from typing import Any, Protocol
 import sqlalchemy as sa
 
 from rpg_cli import rundir
-from rpg_cli.metrics import DIVERGED_KEYS
+from rpg_cli.metrics import DIVERGED_KEYS, STEP_TIME
 from rpg_cli.states import LIVE, STATUSES, TERMINAL
 from rpg_cli.store import migrations
 from rpg_cli.store.ingest import (
@@ -337,6 +337,10 @@ class Store(Queries):
                     finished_at=None,
                 )
             )
+            # the new attempt has advanced nothing yet (no stall while it waits for GPUs and loads); its restart
+            # line says where it resumed
+            mf = t.metric_files
+            conn.execute(mf.update().where(mf.c.run_id == run_id).values(advanced_at=None, resumed_after=None))
         return attempt, submission_id
 
     # -- metrics ------------------------------------------------------------------------------
@@ -438,7 +442,8 @@ class Store(Queries):
         lines_before = after.lines - parsed.lines
         replace = restarts.live or restarts.fresh  # a finished run's rows are never replaced
         last_step = None if _unread(state) or parsed.changed else state["last_step"]
-        count, dropped = 0, False
+        count, dropped, advanced, resumed = 0, False, False, False
+        resumed_after: int | None = None
         for segment in segments(parsed, from_start=bool(parsed.changed)):
             if segment.restart:
                 why_not = None if segment.line is None else restarts.claim()  # line None: claimed already
@@ -446,7 +451,8 @@ class Store(Queries):
                     why = f"a restart record, ignored ({why_not}): the store keeps the steps it has"
                     warnings.append((lines_before + (segment.line or 0) + 1, why))
                 else:
-                    dropped = True
+                    dropped = resumed = True
+                    resumed_after = segment.keep
                     self._drop_steps_after(conn, run_id, segment.keep)
                     last_step = None if segment.keep is None or last_step is None else min(last_step, segment.keep)
             rows, val_rows = ingest_rows(run_id, segment.records)
@@ -455,13 +461,14 @@ class Store(Queries):
             if val_rows:
                 self._bulk_upsert(conn, self.t.evals, self._val_evals(conn, run_id, val_rows), replace)
             count += len(rows)
-            steps = (step for step, _ in segment.records)
+            steps = [step for step, _ in segment.records]
+            advanced = advanced or bool(steps) and (last_step is None or max(steps) > last_step)
             last_step = max((s for s in (last_step, *steps) if s is not None), default=None)
         if dropped or parsed.changed:  # steps of an earlier attempt may remain below the restart
             m = self.t.metrics.c
             kept = conn.execute(sa.select(sa.func.max(m.step)).where(m.run_id == run_id)).scalar()
             last_step = max((s for s in (last_step, kept) if s is not None), default=None)
-        values = {
+        values: dict[str, Any] = {
             "path": str(path),
             "offset": after.offset,
             "last_step": last_step,
@@ -470,6 +477,10 @@ class Store(Queries):
             "lines": after.lines,
             "restart_attempt": restarts.applied,
         }
+        if advanced:  # a step beyond the last: the run moved on (a stall's clock starts over)
+            values["advanced_at"] = _now()
+        if resumed:  # the steps up to it are an earlier attempt's (the watchdog judges this one's)
+            values["resumed_after"] = resumed_after
         conn.execute(self.t.metric_files.update().where(self.t.metric_files.c.run_id == run_id).values(**values))
         return count
 
@@ -572,6 +583,58 @@ class Store(Queries):
             return None
         step, key, value = row
         return rundir.diverged(step, f"{key} is {'nan' if value is None else value}")
+
+    def first_breach(
+        self, run_id: str, bounds: Iterable[tuple[str, float | None, float | None, int]]
+    ) -> tuple[int, str, float] | None:
+        """The first (step, key, value) the run's current attempt logged beyond one of `bounds`, each (key, max,
+        min, after_step): a step after `after_step` above max or below min (None: no bound that side); None when
+        there is none. The steps up to the one the attempt resumed after are an earlier attempt's (a run failed
+        for a bound and resumed from a checkpoint at that step is not failed again for it). One query, like
+        `divergence`; NaN, stored as NULL, is beyond no bound."""
+        m, mf = self.t.metrics.c, self.t.metric_files.c
+        beyond = []
+        for key, high, low, after in bounds:
+            sides = [m.value > high] if high is not None else []
+            sides += [m.value < low] if low is not None else []
+            if sides:
+                beyond.append(sa.and_(m.key == key, m.step > after, sa.or_(*sides)))
+        if not beyond:
+            return None
+        resumed = sa.select(mf.resumed_after).where(mf.run_id == run_id).scalar_subquery()
+        query = sa.select(m.step, m.key, m.value).where(
+            m.run_id == run_id, sa.or_(*beyond), m.step > sa.func.coalesce(resumed, -1)
+        )
+        with self.engine.connect() as conn:
+            row = conn.execute(query.order_by(m.step, m.key).limit(1)).first()
+        return None if row is None else (row.step, row.key, row.value)
+
+    def stall_facts(self, run_ids: Iterable[str]) -> dict[str, tuple[datetime | None, list[float]]]:
+        """For each run, what its stall is judged on (rpg_cli/watch.py): when its metrics last advanced in its
+        current attempt (None: not yet) and its step times (timing_s/step, in step order)."""
+        run_ids = list(run_ids)
+        if not run_ids:
+            return {}
+        mf, m = self.t.metric_files.c, self.t.metrics.c
+        out: dict[str, tuple[datetime | None, list[float]]] = {run_id: (None, []) for run_id in run_ids}
+        times = (
+            sa.select(m.run_id, m.value)
+            .where(m.run_id.in_(run_ids), m.key == STEP_TIME, m.value.is_not(None))
+            .order_by(m.run_id, m.step)
+        )
+        with self.engine.connect() as conn:
+            for run_id, advanced_at in conn.execute(sa.select(mf.run_id, mf.advanced_at).where(mf.run_id.in_(run_ids))):
+                out[run_id] = (advanced_at, [])
+            for run_id, value in conn.execute(times):
+                out[run_id][1].append(value)
+        return out
+
+    def logged_steps(self, run_id: str, through: int) -> list[int]:
+        """The steps from 1 to `through` the run has metrics of, in order."""
+        m = self.t.metrics.c
+        query = sa.select(m.step).where(m.run_id == run_id, m.step >= 1, m.step <= through).distinct()
+        with self.engine.connect() as conn:
+            return sorted(conn.execute(query).scalars())
 
     def last_steps(self, run_ids: Iterable[str]) -> dict[str, int]:
         """The last step ingested for each run (from the ingestion bookkeeping: no metrics scan)."""

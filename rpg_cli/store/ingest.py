@@ -8,6 +8,9 @@ The file, as the store reads it (rundir.py has the layout):
     {"restart": {"keep_through": N}}      a resumed attempt starts here: the steps above N logged so far
                                           are void (N null: all of them); both backends write it
                                           (rundir.MetricsLog)
+    {"stopped": {"step": N, "why": W}}    the attempt stopped on request after step N's checkpoint (W:
+                                          "preempted" or "cancelled"; rundir.stopped_line): no metric, read
+                                          by the orchestrator at the job's end (`stopped_at_end`)
     anything else on a complete line      corrupt (a crash cut it, or another writer): skipped, warned
 
 A job's files are untrusted input, read by the `rpg` process that holds the store: every field is checked
@@ -56,7 +59,7 @@ from typing import Any, BinaryIO
 from rpg_cli import rundir
 from rpg_cli.benchmarks import benchmark_name
 from rpg_cli.metrics import VAL_ACC_KEY_RE, accepted_range, out_of_range
-from rpg_cli.rundir import RESTART_KEY
+from rpg_cli.rundir import CANCELLED, PREEMPTED, RESTART_KEY, STOPPED_KEY
 
 VERL_VAL_SCORER = "verl-val"
 VERL_VAL_SCORER_VERSION = "verl-validation"
@@ -121,10 +124,20 @@ Record = tuple[int, dict[str, Any]]  # (step, data) of one metrics.jsonl line
 Restart = tuple[None, "int | None"]  # (None, keep_through) of a restart line
 RECORD_FORM = 'not a {"step": N, "data": {...}} record'
 RESTART_FORM = 'not a {"restart": {"keep_through": N}} record'
+STOPPED_FORM = f'not a {{"stopped": {{"step": N, "why": "{PREEMPTED}" or "{CANCELLED}"}}}} record'
 
 
-def parse_metric_line(line: bytes) -> Record | Restart | str:
-    """A record, a restart, or why the line is neither (the module docstring's checks)."""
+@dataclass(frozen=True)
+class Stopped:
+    """A stopped line (rundir.stopped_line): the attempt ended on request after the checkpoint of `step`. Not
+    a tuple, so that nothing that reads records and restarts takes it for one."""
+
+    step: int
+    why: str
+
+
+def parse_metric_line(line: bytes) -> Record | Restart | Stopped | str:
+    """A record, a restart, a stopped line, or why the line is none of them (the module docstring's checks)."""
     try:
         obj = _load(line)
     except ValueError:
@@ -133,6 +146,8 @@ def parse_metric_line(line: bytes) -> Record | Restart | str:
         return "not a JSON object"
     if RESTART_KEY in obj:
         return _restart(obj)
+    if STOPPED_KEY in obj:
+        return _stopped(obj)
     if set(obj) != {"step", "data"} or not isinstance(obj["data"], dict):
         return RECORD_FORM
     step = obj["step"]
@@ -155,6 +170,44 @@ def _restart(obj: dict[str, Any]) -> Restart | str:
     if keep is not None and not _int_in(keep):
         return f"restart keep_through {_show(keep)} is neither null nor a step from 0 to {INT_MAX}"
     return None, keep
+
+
+def _stopped(obj: dict[str, Any]) -> Stopped | str:
+    """The documented form only (rundir.stopped_line): {"stopped": {"step": N, "why": "preempted"|"cancelled"}}."""
+    body = obj[STOPPED_KEY]
+    if set(obj) != {STOPPED_KEY} or not isinstance(body, dict) or set(body) != {"step", "why"}:
+        return STOPPED_FORM
+    if not _int_in(body["step"]):
+        return f"stopped step {_show(body['step'])} is not a whole number from 0 to {INT_MAX}"
+    if body["why"] not in (PREEMPTED, CANCELLED):
+        return f"stopped why {_show(body['why'])} is neither {PREEMPTED!r} nor {CANCELLED!r}"
+    return Stopped(body["step"], body["why"])
+
+
+STOPPED_TAIL = 4096  # bytes `stopped_at_end` reads: a stopped line is under 100
+
+
+def stopped_at_end(path: str | Path) -> Stopped | None:
+    """The stopped line that ends a run's metrics.jsonl (its newest attempt stopped on request), else None:
+    the file ends with another line, a torn one, or is missing. Reads the file's last bytes only, opened as
+    the store opens it (read_new), the line checked as every line is."""
+    try:
+        fd = rundir.open_owned(path, os.O_RDONLY | os.O_NONBLOCK, anyone=True)
+    except FileNotFoundError:
+        return None
+    with os.fdopen(fd, "rb") as f:
+        size = os.fstat(f.fileno()).st_size
+        start = max(0, size - STOPPED_TAIL)
+        f.seek(start)
+        tail = f.read(size - start)
+    if not tail.endswith(b"\n"):  # empty, or the last line is not whole yet
+        return None
+    body = tail.rstrip(b"\n")
+    cut = body.rfind(b"\n")
+    if cut < 0 and start > 0:  # a last line longer than the tail: not a stopped line
+        return None
+    event = parse_metric_line(body[cut + 1 :])
+    return event if isinstance(event, Stopped) else None
 
 
 def metric_value_fault(key: str, value: Any) -> str | None:
@@ -206,7 +259,7 @@ def _key_fault(key: str) -> str | None:
 
 @dataclass
 class Parsed:
-    events: list[Any] = field(default_factory=list)  # records and restarts (or scored problems), in file order
+    events: list[Any] = field(default_factory=list)  # records, restarts, stops (or scored problems), in file order
     where: list[int] = field(default_factory=list)  # each event's line: its index among this read's lines
     consumed: int = 0  # bytes
     lines: int = 0  # complete lines consumed (an overlong line: when its first bytes are)
@@ -216,15 +269,15 @@ class Parsed:
 
     @property
     def records(self) -> list[Record]:
-        return [e for e in self.events if e[0] is not None]  # type: ignore[misc]
+        return [e for e in self.events if isinstance(e, tuple) and e[0] is not None]
 
 
 def parse_metric_lines(chunk: bytes) -> Parsed:
-    """Parse the lines in `chunk`: records and restarts in order, bytes and lines consumed, bad lines.
+    """Parse the lines in `chunk`: records, restarts and stops in order, bytes and lines consumed, bad lines.
 
     A last line without its newline is consumed only if it is a complete record: a writer caught
     mid-line leaves invalid JSON there, which is left for the next ingestion. Blank lines are skipped;
-    other complete lines that are neither records nor restarts are skipped and listed in `bad`.
+    other complete lines that are none of them are skipped and listed in `bad`.
     """
     return parse_lines(chunk, parse_metric_line)
 
@@ -294,9 +347,13 @@ class Segment:
 
 def segments(parsed: Parsed, from_start: bool) -> list[Segment]:
     """The events in order, cut at each restart. A file read `from_start` begins with a restart that
-    keeps the first record's step (module docstring), unless it begins with a restart line of its own."""
+    keeps the first record's step (module docstring), unless it begins with a restart line of its own.
+    A stopped line carries no metric: it is left out (the orchestrator reads it: `stopped_at_end`)."""
     out = [Segment(False, None, None, [])]
-    for (step, value), index in zip(parsed.events, parsed.where):
+    for event, index in zip(parsed.events, parsed.where):
+        if isinstance(event, Stopped):
+            continue
+        step, value = event
         if step is None:
             out.append(Segment(True, value, index, []))
         else:

@@ -10,12 +10,13 @@ runs). A new database is created at the latest version directly.
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Callable
 from typing import Any
 
 import sqlalchemy as sa
 
-from rpg_cli.store.schema import Schema, schema
+from rpg_cli.store.schema import STATUS_CHECK, Schema, schema, status_check
 from rpg_cli.store.url import StoreError
 
 # ------------------------------------------------------------------------------------------ version 2
@@ -115,8 +116,48 @@ def _to_v4(conn: sa.Connection) -> None:
         conn.exec_driver_sql(f"ALTER TABLE metric_files ADD COLUMN {column} {kinds[column]}")
 
 
+def _to_v5(conn: sa.Connection) -> None:
+    """Version 5: metric_files.advanced_at, when the run's last step last grew in its current attempt (NULL for
+    the files read before: no stall is judged until a step arrives), and metric_files.resumed_after, the step
+    that attempt resumed after (NULL: unknown, every step is judged); runs.status takes every state of
+    states.STATUSES (`preempted` is new). A column already there is kept (a database laid out from this
+    schema and marked older)."""
+    columns = schema().metric_files.c
+    have = {c["name"] for c in sa.inspect(conn).get_columns("metric_files")}
+    for name in ("advanced_at", "resumed_after"):
+        if name not in have:
+            kind = columns[name].type.compile(dialect=conn.dialect)
+            conn.exec_driver_sql(f"ALTER TABLE metric_files ADD COLUMN {name} {kind}")
+    renew_status_check(conn)
+
+
+def renew_status_check(conn: sa.Connection) -> None:
+    """Make runs.status take states.STATUSES as they are now. Every state so far only adds to the list, so no
+    stored row can break it. SQLite cannot alter a constraint: the table's CREATE text is rewritten in place,
+    as SQLite's documentation allows for a CHECK (ALTER TABLE, "other kinds of table schema changes": its
+    writable_schema procedure, the schema cookie bumped), without copying the table its runs' rows hang on."""
+    condition = status_check()
+    dialect = conn.dialect.name
+    if dialect == "sqlite":
+        found = conn.exec_driver_sql("SELECT sql FROM sqlite_master WHERE type = 'table' AND name = 'runs'").scalar()
+        renewed = re.sub(r"CHECK\s*\(\s*status IN \([^)]*\)\s*\)", f"CHECK ({condition})", found or "", flags=re.I)
+        if not found or renewed == found:
+            return  # already the states of now (or a layout without the check: nothing to renew)
+        cookie = conn.exec_driver_sql("PRAGMA schema_version").scalar()
+        conn.exec_driver_sql("PRAGMA writable_schema = ON")
+        try:
+            conn.exec_driver_sql("UPDATE sqlite_master SET sql = ? WHERE type = 'table' AND name = 'runs'", (renewed,))
+            conn.exec_driver_sql(f"PRAGMA schema_version = {int(cookie) + 1}")
+        finally:
+            conn.exec_driver_sql("PRAGMA writable_schema = OFF")
+        return
+    drop = "DROP CHECK" if dialect == "mysql" else "DROP CONSTRAINT IF EXISTS"
+    conn.exec_driver_sql(f"ALTER TABLE runs {drop} {STATUS_CHECK}")
+    conn.exec_driver_sql(f"ALTER TABLE runs ADD CONSTRAINT {STATUS_CHECK} CHECK ({condition})")
+
+
 # version -> the upgrade from version - 1
-MIGRATIONS: dict[int, Callable[[sa.Connection], None]] = {2: _to_v2, 3: _to_v3, 4: _to_v4}
+MIGRATIONS: dict[int, Callable[[sa.Connection], None]] = {2: _to_v2, 3: _to_v3, 4: _to_v4, 5: _to_v5}
 LATEST = max(MIGRATIONS, default=1)
 
 

@@ -8,7 +8,9 @@ sweep_runs    (sweep, run): every sweep that lists a run; a run is its spec, sha
 metrics       (run, key, step) -> value: the training metrics of metrics.jsonl, the latest attempt's
 metric_files  how far each run's metrics.jsonl has been read, and which file that was (identity); the
               attempt whose restart the store last applied, and whether the file stopped matching
-              what was read (ingest.py: the store is the record)
+              what was read (ingest.py: the store is the record); when its last step last grew in the
+              run's current attempt (a stall: rpg_cli/watch.py), and the step that attempt resumed after
+              (the watchdog judges the steps it logs, not an earlier attempt's)
 evals         (run, step, benchmark, metric, k, scorer, protocol) -> value, scorer_version
 samples       (run, step, benchmark, problem, sample_index, scorer, protocol) -> position, extracted,
               correct, length; `problem` is a fingerprint of the prompt and the ground truth
@@ -47,6 +49,12 @@ class Schema(NamedTuple):
 
 PROTOCOL = ("n", "temperature", "top_p", "max_tokens", "seed")
 CHANGED_CHARS = 300  # metric_files.changed: one line
+STATUS_CHECK = "runs_status"  # the constraint that keeps runs.status one of states.STATUSES
+
+
+def status_check() -> str:
+    """The condition of runs.status: one of the states rpg knows (migrations.py renews it when they change)."""
+    return "status IN ({})".format(", ".join(f"'{s}'" for s in STATUSES))
 
 
 def protocol_columns() -> list[sa.Column]:
@@ -70,7 +78,6 @@ def schema() -> Schema:
         sa.Column("name", sa.String(200), primary_key=True),
         sa.Column("created_at", sa.DateTime, nullable=False),
     )
-    statuses = ", ".join(f"'{s}'" for s in STATUSES)
     runs = sa.Table(
         "runs",
         md,
@@ -88,7 +95,7 @@ def schema() -> Schema:
         sa.Column("finished_at", sa.DateTime),
         sa.Column("error", sa.Text),  # the last ERROR_TAIL_CHARS of the failure message / log
         sa.Column("running_at", sa.DateTime),  # when rpg first saw its job running: out of Ray's queue (v3)
-        sa.CheckConstraint(f"status IN ({statuses})", name="runs_status"),
+        sa.CheckConstraint(status_check(), name=STATUS_CHECK),
     )
     sweep_runs = sa.Table(
         "sweep_runs",
@@ -123,6 +130,8 @@ def schema() -> Schema:
         sa.Column("lines", sa.BigInteger),  # lines read, for the line numbers of warnings
         sa.Column("restart_attempt", sa.Integer),  # the attempt whose restart was applied (v4; NULL: none)
         sa.Column("changed", sa.String(CHANGED_CHARS)),  # how the file stopped matching, when (v4; NULL: never)
+        sa.Column("advanced_at", sa.DateTime),  # when last_step last grew in this attempt (v5; NULL: not yet)
+        sa.Column("resumed_after", sa.Integer),  # this attempt's restart keep_through (v5; NULL: none, from scratch)
     )
     evals = sa.Table(
         "evals",

@@ -98,10 +98,12 @@ def workdir(tmp_path_factory) -> Path:
 
     - rpg_reinforce: RPG-REINFORCE, the reference reset every 3 steps, 5 steps with checkpoints at 2 and 4; its
       job kills itself right after the checkpoint of step 4 (once), to be resumed;
-    - grpo: GRPO as published (frozen reference, clamped k3);
-    - dapo: DAPO (dynamic sampling and overlong shaping).
+    - grpo: GRPO as published (frozen reference, clamped k3); its job's entrypoint gets SIGTERM in the middle of
+      step 1 (a preemption), so it stops after step 1 with a checkpoint and the next sweep resumes it at step 2;
+    - dapo: DAPO (dynamic sampling and overlong shaping, its buffer 12 of the 16 response tokens, so it acts).
 
-    `control.yaml`: RPG-REINFORCE whose vLLM never takes the trained weights (the control of the sync check).
+    `control.yaml`: RPG-REINFORCE whose vLLM never takes the trained weights (the control of the sync check), with
+    a k3 bound for fp32 that the watchdog stops it by.
     """
     root = tmp_path_factory.mktemp("e2e")
     done = subprocess.run(
@@ -138,8 +140,14 @@ def workdir(tmp_path_factory) -> Path:
                 "steps": 5,
                 "verl": {"site": SITE, "env": {**STAND_INS, "RPG_E2E_KILL_AFTER_CHECKPOINT": "4"}},
             },
-            {"algorithm": "grpo", "beta": 1.0e-3, "clip": {"eps_low": 0.2, "eps_high": 0.2}, "reference": "frozen"},
-            {"algorithm": "dapo", "beta": 0.0, "clip": {"eps_low": 0.2, "eps_high": 0.28}, "overlong": {"buffer": 8}},
+            {
+                "algorithm": "grpo",
+                "beta": 1.0e-3,
+                "clip": {"eps_low": 0.2, "eps_high": 0.2},
+                "reference": "frozen",
+                "verl": {"site": SITE, "env": {**STAND_INS, "RPG_E2E_SIGTERM_IN_STEP": "1"}},
+            },
+            {"algorithm": "dapo", "beta": 0.0, "clip": {"eps_low": 0.2, "eps_high": 0.28}, "overlong": {"buffer": 12}},
         ],
     }
     control = {
@@ -150,6 +158,8 @@ def workdir(tmp_path_factory) -> Path:
             "steps": 4,
             "data": {"train_files": [str(toy / "train.parquet")]},  # no validation
             "verl": {"site": SITE, "env": {**STAND_INS, "RPG_E2E_SKIP_WEIGHT_SYNC": "1"}},
+            # fp32 on a CPU: a synced k3 is <= 1.4e-5, one missed update 7.8e-4 (the default bound is bf16's)
+            "watch": {"rollout_corr/k3_kl": {"max": 3.0e-4}},
         },
     }
     for name, content in (("e2e.yaml", sweep), ("control.yaml", control)):

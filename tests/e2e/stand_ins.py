@@ -20,9 +20,12 @@ lists it in VERL_USE_EXTERNAL_MODULES, before rpg's plugin. What each stand-in r
   before `sync_module_states`, `Tensor.pin_memory` (a copy instead), and verl's reload of parameters to
   the GPU before a checkpoint is saved.
 
-Two faults the tests force, each by an environment variable of one cell:
+Three faults the tests force, each by an environment variable of one cell:
 - RPG_E2E_KILL_AFTER_CHECKPOINT=N: the trainer process kills itself with SIGKILL right after it saved the
   checkpoint of step N, once (a marker file in the checkpoint directory): a job dying at a chosen point.
+- RPG_E2E_SIGTERM_IN_STEP=N: in the middle of step N (after its rollout, before its advantages), once, the
+  trainer sends SIGTERM to its job's entrypoint (the process a preemption signals: rpg_cli.backends.verl.start)
+  and goes on once the entrypoint has turned it into the run's stop request: a preemption at a known point.
 - RPG_E2E_SKIP_WEIGHT_SYNC=1: vLLM's worker keeps the initial weights, ignoring every update after the first
   (the control that shows verl's rollout/actor probability gap would reveal a sync that does not happen).
 """
@@ -103,6 +106,45 @@ if _kill_after:
             os.kill(os.getpid(), signal.SIGKILL)
 
     trainer_base.PPOTrainer._save_checkpoint = _save_then_die
+
+_term_in = os.environ.get("RPG_E2E_SIGTERM_IN_STEP")
+if _term_in:
+    import signal
+    import time
+    from pathlib import Path
+
+    from verl.trainer.ppo.v1 import trainer_base
+
+    from rpg_cli import rundir
+
+    def _entrypoint() -> int:
+        """The pid of this job's entrypoint: rpg's start.py (its module an argument of its own: not the shell
+        that Ray may start it through) with this job's metrics file in its environment."""
+        mine = f"VERL_FILE_LOGGER_PATH={os.environ['VERL_FILE_LOGGER_PATH']}".encode()
+        for entry in Path("/proc").iterdir():
+            try:
+                args = (entry / "cmdline").read_bytes().split(b"\0") if entry.name.isdigit() else []
+                if b"rpg_cli.backends.verl.start" in args and mine in (entry / "environ").read_bytes().split(b"\0"):
+                    return int(entry.name)
+            except OSError:
+                continue
+        raise RuntimeError("stand-in: the job's entrypoint was not found")
+
+    _advantage = trainer_base.PPOTrainer._compute_advantage
+
+    def _signal_then_advantage(self, batch, metrics):
+        run_dir = Path(self.config.trainer.default_local_dir).parent
+        marker = Path(self.config.trainer.default_local_dir) / "sigterm-by-test"
+        if self.global_steps == int(_term_in) and not marker.exists():
+            marker.parent.mkdir(parents=True, exist_ok=True)
+            marker.touch()
+            os.kill(_entrypoint(), signal.SIGTERM)
+            deadline = time.monotonic() + 60
+            while rundir.stop_requested(run_dir) is None and time.monotonic() < deadline:
+                time.sleep(0.1)
+        return _advantage(self, batch, metrics)
+
+    trainer_base.PPOTrainer._compute_advantage = _signal_then_advantage
 
 if os.environ.get("RPG_E2E_SKIP_WEIGHT_SYNC") == "1" and "vllm" in sys.modules:
     from verl.workers.rollout.vllm_rollout.utils import vLLMColocateWorkerExtension as Extension

@@ -1,13 +1,22 @@
 """Entry point of a local-backend job: `python -m rpg_cli.backends.local --spec RUN_DIR/spec.json`.
 
 The run directory is the spec's directory. Rerunning the same command resumes from the newest
-checkpoint there. Exit status: 0 done, 2 the spec or machine cannot be honoured (one line on stderr).
+checkpoint there. SIGTERM or SIGUSR1 (a preemption, Slurm's warning before a time limit) stops it after
+the step in progress, with a checkpoint of that step (`stop_on_signals`). Exit status: 0 done or stopped
+so, 2 the spec or machine cannot be honoured (one line on stderr).
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
+import signal
 import sys
+from pathlib import Path
+
+from rpg_cli import rundir
+
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGUSR1)
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -23,8 +32,27 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return parser.parse_args(argv)
 
 
+def stop_on_signals(run_dir: Path) -> None:
+    """A new attempt starts with no stop request left by the one before; from then on SIGTERM and SIGUSR1 only
+    record one (rundir.request_stop, preempted), which the trainer acts on after the step in progress
+    (trainer.Trainer.fit). The request is a file because the orchestrator reads it too (orchestration/stops.py).
+    A request already there is kept: `rpg cancel --graceful` came first, so the run is cancelled, not preempted.
+    Installed before torch is imported: a signal while it loads is a request too, not the end of the process.
+    The handler prints nothing: a write to stdout while the loop prints would break the stream."""
+
+    def request(signum, frame) -> None:
+        if rundir.stop_requested(run_dir) is None:
+            rundir.request_stop(run_dir, rundir.PREEMPTED)
+
+    with contextlib.suppress(OSError):  # no run directory there: the spec check names the problem
+        rundir.clear_stop_request(run_dir)
+    for signum in STOP_SIGNALS:
+        signal.signal(signum, request)
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
+    stop_on_signals(Path(args.spec).absolute().parent)
     from rpg_cli.backends.local.trainer import main as train
 
     return train(args.spec, stop_after=args.stop_after)

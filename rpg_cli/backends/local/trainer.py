@@ -11,6 +11,11 @@ each one optimizer step on `policy_loss` (plus the spec's KL loss) with gradient
 (k = val.n samples per distinct problem) runs before training and every val.every steps; checkpoints every
 save_every steps and at the end.
 
+Stopping on request (rundir.request_stop: a preemption's signal, which the job's entry point turns into the
+request, or `rpg cancel --graceful`): after the step in progress is logged, its checkpoint is saved (the
+reference and trainer state with it, as every checkpoint) if the step had none, `rundir.stopped_line` ends
+metrics.jsonl, and the process exits 0; rerunning it resumes at the next step.
+
 Schedule-free AdamW keeps two weight sequences: the optimizer is in train mode (gradient point y) only
 inside the update; rollouts, old log-probs, validation and checkpoints use eval mode (the averaged x),
 so the policy that samples is the one that is saved. Dropout is off throughout (the module stays in
@@ -152,10 +157,14 @@ class Trainer:
 
     def fit(self, stop_after: int | None = None) -> None:
         spec = self.spec
-        if self.start_step == 1 and self.val_problems:
+        last = spec.steps if stop_after is None else min(spec.steps, stop_after)
+        why = rundir.stop_requested(self.run_dir) if self.start_step <= spec.steps else None
+        if why:  # asked while the model loaded: the checkpoint this attempt resumed from (if any) stands
+            self.stop(self.start_step - 1, why)
+            last = self.start_step - 1
+        elif self.start_step == 1 and self.val_problems:
             torch.manual_seed(step_seed(spec.seed, 0))
             self.log_metrics(0, self.validate())
-        last = spec.steps if stop_after is None else min(spec.steps, stop_after)
         for step in range(self.start_step, last + 1):
             started = time.perf_counter()
             torch.manual_seed(step_seed(spec.seed, step))
@@ -180,15 +189,25 @@ class Trainer:
                     raise BackendError(rundir.diverged(step, f"{key} is {metrics[key]}"))
             if not bool(torch.stack([p.isfinite().all() for p in self.model.parameters()]).all()):
                 raise BackendError(rundir.diverged(step, "the update left non-finite weights"))
-            if step % spec.save_every == 0 or step == spec.steps:
+            why = rundir.stop_requested(self.run_dir) if step < spec.steps else None  # the last step ends it anyway
+            if step % spec.save_every == 0 or step == spec.steps or why:
                 self.save(step)
             log(
                 f"step {step}/{spec.steps} score {metrics[REWARD]:+.3f} "
                 f"pg_loss {metrics[PG_LOSS]:+.4f} {metrics[STEP_TIME]:.2f}s"
                 + "".join(f" {k} {v:.3f}" for k, v in metrics.items() if k.startswith(f"{VAL_CORE}/"))
             )
+            if why:
+                self.stop(step, why)
+                break
         if self.trackers is not None:
             self.trackers.close()
+
+    def stop(self, step: int, why: str) -> None:
+        """End the attempt on request after step `step`, whose checkpoint is on disk (none for step 0): the
+        stopped line closes metrics.jsonl (the orchestrator reads it: orchestration/stops.py)."""
+        rundir.append_line(self.metrics.path, rundir.stopped_line(step, why))
+        log(f"stopped after step {step} ({why}): rerunning this job resumes at step {step + 1}")
 
     def train_step(self, step: int) -> dict[str, float]:
         spec, timing = self.spec, {}

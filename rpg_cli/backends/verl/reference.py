@@ -27,6 +27,17 @@ file with "wb" when a job starts: a resumed job would erase every step of the at
 "file" out of `trainer.logger` before verl builds its Tracking and puts rpg's log in its place, which appends a
 restart line (keep the steps through the resumed checkpoint's) and then the resumed attempt's steps.
 
+Graceful stop (rundir.request_stop: a preemption's signal, which the job's entrypoint turns into the request
+file, start.py; or `rpg cancel --graceful`): after each step is logged (and its checkpoint, if verl asked for
+one, saved), `RPGTrainer` reads the request; if there is one and the step is not the run's last, it saves the
+step's checkpoint through the same path (the reference with it) unless the step saved one, ends metrics.jsonl
+with `rundir.stopped_line`, and ends verl's loop there: `fit` returns as at a run's end, and main_ppo exits 0.
+A request made before the first step of an attempt ends the loop before that step (the checkpoint the attempt
+resumed from stands). verl 0.9.1's loop runs `while ... self.global_steps <= self.total_training_steps`, after
+it has logged step N and counted on to N + 1: setting total_training_steps to N ends it there, through verl's
+own exit (on_train_end, the dump executor shut down). verl issue 7401 (a resume at an epoch boundary exits
+with no update) does not arise: rpg sets total_epochs far above what its steps need (launch.py).
+
 Resume: a checkpoint (`global_step_N/`) also holds the schedule's state (`rpg_reference.json`) and, once the
 reference has been reset (so it is neither the initial model nor the current one), its weights
 (`reference/`, one shard file per rank, like verl's own model shards); `_load_checkpoint` restores both, so
@@ -198,6 +209,13 @@ class RPGTrainer(PPOTrainerSync):
 
     # -- the schedule ----------------------------------------------------------------------
 
+    def on_train_begin(self):
+        super().on_train_begin()
+        self.__dict__["_training"] = True  # logs from here on are training steps' (before: validation's)
+        resumed = self.global_steps - 1  # verl counts on to the first step before it calls this
+        if self.global_steps <= self.total_training_steps and (why := rundir.stop_requested(self._run_dir())):
+            self._stop(resumed, why)  # asked while verl started: the checkpoint resumed from (if any) stands
+
     def on_step_begin(self):
         super().on_step_begin()
         # before this step's reference log-probs; with no ref worker (iterative) pi_ref is pi_old anyway
@@ -242,14 +260,35 @@ class RPGTrainer(PPOTrainerSync):
         # waits for the step's log (module doc)
         if tracking is not None and (log := self.__dict__.get("_metrics_log")) is not None:
             tracking.logger["file"] = _FileLog(log)
-        self.__dict__["_tracking"] = _SaveAfterLog(tracking, self._save_requested) if tracking is not None else None
+        self.__dict__["_tracking"] = _SaveAfterLog(tracking, self._after_log) if tracking is not None else None
 
     def _save_checkpoint(self):
         self.__dict__["_save_pending"] = True  # verl's loop asks before the step is logged: done after it
 
-    def _save_requested(self):
-        if self.__dict__.pop("_save_pending", False):
+    def _after_log(self):
+        """What follows a step's log: the checkpoint verl asked for during the step, then a graceful stop if one
+        is asked (module doc), with a checkpoint of this step if it had none."""
+        saved = self.__dict__.pop("_save_pending", False)
+        if saved:
             self._save_checkpoint_now()
+        if not self.__dict__.get("_training") or self.global_steps >= self.total_training_steps:
+            return  # the validation before training; or the last step, which ends the run anyway
+        if why := rundir.stop_requested(self._run_dir()):
+            if not saved:
+                self._save_checkpoint_now()
+            self._stop(self.global_steps, why)
+
+    def _stop(self, step: int, why: str):
+        """End verl's loop after step `step` (module doc), with the stopped line the orchestrator reads."""
+        log = self.__dict__.get("_metrics_log")
+        path = log.path if log is not None else rundir.metrics_path(self._run_dir())
+        rundir.append_line(path, rundir.stopped_line(step, why))
+        self.total_training_steps = step  # verl's `while ... global_steps <= total_training_steps` ends after it
+        print(f"rpg: stopped after step {step} ({why}) as asked; a resume starts at step {step + 1}", flush=True)
+
+    def _run_dir(self) -> Path:
+        """runs/<sweep>/<run>: where verl's checkpoints go (trainer.default_local_dir) is its checkpoints/."""
+        return Path(self.config.trainer.default_local_dir).parent
 
     # -- resume ----------------------------------------------------------------------------
 
@@ -266,7 +305,7 @@ class RPGTrainer(PPOTrainerSync):
         # after verl has marked this one the latest: the older ones are thinned or removed (spec `checkpoints`)
         settings = f"trainer.v1.{RPG_TRAINER}"
         keep, weights = (OmegaConf.select(self.config, f"{settings}.{key}") for key in ("keep", "weights"))
-        rundir.prune_checkpoints(Path(self.config.trainer.default_local_dir).parent, keep, weights or "all")
+        rundir.prune_checkpoints(self._run_dir(), keep, weights or "all")
 
     def _load_checkpoint(self):
         super()._load_checkpoint()
@@ -310,14 +349,15 @@ class _FileLog:
 
 
 class _SaveAfterLog:
-    """verl's Tracking, which then saves the checkpoint verl asked for during the step just logged."""
+    """verl's Tracking, which then saves the checkpoint verl asked for during the step just logged, and stops
+    the run there if asked (`RPGTrainer._after_log`)."""
 
-    def __init__(self, tracking, save):
-        self._tracking, self._save = tracking, save
+    def __init__(self, tracking, after):
+        self._tracking, self._after = tracking, after
 
     def log(self, data, step, backend=None):
         self._tracking.log(data=data, step=step, backend=backend)
-        self._save()
+        self._after()
 
     def __getattr__(self, name):
         return getattr(self._tracking, name)
