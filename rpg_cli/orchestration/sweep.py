@@ -29,6 +29,7 @@ from rpg_cli.orchestration.head import (
     stop_local_head,
 )
 from rpg_cli.orchestration.plan import RunPlan, check_plans, failure_reason, launcher, refuse_bad_inputs, rehome
+from rpg_cli.orchestration.stops import graceful_stop
 from rpg_cli.orchestration.submit import from_ms, killed_by, lost_node, ray_jobs, run_state, submit, tail_logs
 from rpg_cli.orchestration.watch import breach, stop_reason, verdict
 from rpg_cli.states import ATTACH, DONE, LIVE, NEW, SKIP, STATUSES, SUBMIT, TERMINAL, run_action
@@ -290,8 +291,6 @@ def sync_run(
                 or (failure_reason(run.backend, log[-20_000:]) if log.strip() else (job.message or f"job {status}"))
             )
         if not stopped_why:  # a graceful stop (a preemption, `rpg cancel --graceful`) ends as its request says
-            from rpg_cli.orchestration.stops import graceful_stop
-
             status, error = graceful_stop(run.run_dir, status, error) or (status, error)
         # exit 0 is no proof (a NaN, a bound, steps short); a graceful stop after a NaN would fail again resumed
         why = verdict(store, run) if status == "succeeded" else None
