@@ -51,6 +51,20 @@ def test_rpg_and_batch_mean_advantages():
     assert A.batch_mean_advantage(scores).tolist() == pytest.approx([1 / 3, -2 / 3, -2 / 3, 1 / 3, 1 / 3, 1 / 3])
 
 
+def test_rloo_advantage_by_hand():
+    """R_i minus the mean of the other rewards of its group; a group of one gets 0 (MATH.md section 9.2)."""
+    scores = torch.tensor([1.0, 0.0, 0.5, 3.0, 2.0, 7.0], dtype=F64)
+    groups = ["a", "b", "a", "a", "b", "c"]
+    expected = [1 - (0.5 + 3) / 2, 0 - 2, 0.5 - (1 + 3) / 2, 3 - (1 + 0.5) / 2, 2 - 0, 0.0]
+    assert A.rloo_advantage(scores, groups).tolist() == pytest.approx(expected, abs=1e-12)
+    # n/(n-1) times the group-mean advantage, and zero-sum within each group
+    rpg = A.rpg_advantage(scores, groups)
+    assert A.rloo_advantage(scores, groups)[:5].tolist() == pytest.approx(
+        (rpg[:5] * torch.tensor([1.5, 2, 1.5, 1.5, 2])).tolist()
+    )
+    assert A.rloo_advantage(scores, groups)[[0, 2, 3]].sum().item() == pytest.approx(0, abs=1e-12)
+
+
 def whiten_by_hand(values):
     mean, var = statistics.mean(values), statistics.variance(values)
     return [(v - mean) / (var + 1e-8) ** 0.5 for v in values]

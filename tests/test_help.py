@@ -52,6 +52,7 @@ def test_every_command_is_covered():
         "stop",
         "export",
         "doctor",
+        "check-loss",
     }
 
 

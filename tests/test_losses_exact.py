@@ -92,12 +92,20 @@ DIVERGENCES = {
 }
 
 
+def sapo_gate(w: torch.Tensor, tau: torch.Tensor) -> torch.Tensor:
+    """SAPO's f_tau(w) = sigma(tau (w - 1)) 4 / tau (MATH.md section 9.6)."""
+    return torch.sigmoid(tau * (w - 1)) * 4 / tau
+
+
 def objective(case: Case, name: str, beta: float) -> torch.Tensor:
-    """J(theta) of each loss name, from its definition (MATH.md sections 1 and 4)."""
+    """J(theta) of each loss name, from its definition (MATH.md sections 1, 4 and 9)."""
     log_pi = case.log_pi(case.theta)
     reward = (log_pi.exp() * case.adv).sum()  # E_pi[A], = E_old[w A]
-    if name == "ppo":
+    if name in ("ppo", "gspo", "cispo", "gmpo"):  # one-token sequences inside the clip window: the plain reward
         return reward
+    if name == "sapo":  # E_old[f_tau(w) A], tau_pos = 1.0 for A > 0, tau_neg = 1.05 otherwise
+        tau = torch.where(case.adv > 0, torch.ones_like(case.adv), torch.full_like(case.adv, 1.05))
+        return (case.log_old.exp() * sapo_gate((log_pi - case.log_old).exp(), tau) * case.adv).sum()
     if name == "grpo_corrected":
         return reward - beta * ukl(log_pi, case.log_ref_or_old)
     if name == "grpo":
@@ -129,7 +137,9 @@ def test_gradient_equals_minus_gradient_of_objective(name, normalized, separate_
         separate_ref=separate_ref,
         on_policy=on_policy,
     )
-    surrogate = grad(expected_loss(case, name, beta=beta, clip=clip, eps_low=0.2, eps_high=0.28, clip_c=3.0), case)
+    # GMPO's bounds are on log w: +-0.4, its default, holds every ratio the cases reach
+    eps = dict(eps_low=0.4, eps_high=0.4) if name == "gmpo" else dict(eps_low=0.2, eps_high=0.28)
+    surrogate = grad(expected_loss(case, name, beta=beta, clip=clip, clip_c=3.0, **eps), case)
     exact = grad(objective(case, name, beta), case)
     assert torch.allclose(surrogate, -exact, **TOL), (surrogate, -exact)
     assert exact.abs().max() > 1e-3  # the comparison is not between two zeros
@@ -175,7 +185,7 @@ def test_published_grpo_kl_on_policy_is_the_forward_kl_gradient():
     assert (published - backward).abs().max() > 1e-3
 
 
-@pytest.mark.parametrize("name", [n for n in LOSS_NAMES if n != "ppo"])  # ppo has no KL term
+@pytest.mark.parametrize("name", [n for n in LOSS_NAMES if n.startswith(("rpg", "grpo"))])  # the KL losses
 @pytest.mark.parametrize("separate_ref", [False, True], ids=["iterative", "ref"])
 def test_kl_metric_is_the_exact_divergence_in_expectation(name, separate_ref):
     """The `kl` metric averaged under pi_old equals the penalised divergence (an unbiased estimate)."""

@@ -8,6 +8,7 @@ Pure python: no verl needed.
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -305,3 +306,119 @@ def test_qwen3_cells_sample_without_thinking_on_verl_and_the_dry_run_says_so(tmp
         write_eval_file(tmp_path / "data" / f"{name}.parquet", n)
     line = " ".join(dry_run("paper-qwen3-4b", tmp_path, monkeypatch).output.split())
     assert "scorers: aime24 dapo; chat template: enable_thinking=False (20 runs)" in line
+
+
+# ---------------------------------------------------------------- today's baselines in the paper's settings, every grid
+
+BASELINE_GRIDS = {"baselines-qwen25-7b-instruct": "paper-qwen25-7b-instruct", "baselines-qwen3-4b": "paper-qwen3-4b"}
+BASELINES = {"rpg_reinforce", "grpo", "dr_grpo", "rloo", "gspo", "cispo", "gmpo", "sapo"}
+# what a run computes beyond the algorithm's own settings: the paper grid's value for every cell
+PAPER_SETTINGS = (
+    "model",
+    "model_max_length",
+    "chat_template_kwargs",
+    "data",
+    "train_batch_size",
+    "rollout_n",
+    "ppo_mini_batch_size",
+    "steps",
+    "seed",
+    "optimizer",
+    "lr_warmup_steps",
+    "weight_decay",
+    "grad_clip",
+    "val",
+    "rollout",
+    "save_every",
+    "backend",
+    "resources",
+)
+
+
+def _holds(value, default) -> bool:
+    """Whether a canonical spec's value is the table default `default` (a mapping: every key it gives)."""
+    if isinstance(default, dict):
+        return isinstance(value, dict) and all(value.get(k) == v for k, v in default.items())
+    return value == default
+
+
+@pytest.mark.parametrize("grid", BASELINE_GRIDS)
+def test_the_baselines_grids_run_each_baseline_at_its_table_defaults_in_the_papers_settings(grid):
+    from rpg_cli.algorithms import table
+
+    specs = load_sweep(REPO / "experiments" / f"{grid}.yaml").expand()
+    assert sorted(x.algorithm for x in specs) == sorted(BASELINES)  # one run each
+    paper = load_sweep(REPO / "experiments" / f"{BASELINE_GRIDS[grid]}.yaml").expand()
+    paper_ids = {x.run_id for x in paper}
+    settings = {json.dumps({k: x.canonical().get(k) for k in PAPER_SETTINGS}, sort_keys=True) for x in paper}
+    contexts = {x.context for x in paper}
+    for x in specs:
+        spec = x.canonical()
+        assert json.dumps({k: spec.get(k) for k in PAPER_SETTINGS}, sort_keys=True) in settings, x.run_name
+        assert x.context in contexts and x.lr == (5e-7 if x.algorithm == "rpg_reinforce" else 1e-6)
+        for key, default in x.entry.defaults.items():  # the table's, never the grid's
+            if key == "sapo":
+                assert spec["sapo"] == {"tau_pos": 1.0, "tau_neg": 1.05}  # defaults.SAPO_TAU_POS, SAPO_TAU_NEG
+            else:
+                assert _holds(spec[key], default), (x.algorithm, key, spec[key])
+        if x.algorithm in ("rpg_reinforce", "grpo"):
+            assert x.run_id in paper_ids  # the paper's own run, not a look-alike
+        else:
+            assert x.beta == 0.0 and x.kl_loss is None  # today's baselines as their papers run them: no KL
+        o = overrides(x)  # what verl receives: its own loss where it has one, the table's clip and aggregation
+        assert o[f"{ACTOR}.policy_loss.loss_mode"] == (x.entry.verl_loss or x.loss_name)
+        assert o[f"{ACTOR}.loss_agg_mode"] == x.loss_agg_mode
+        if x.clip is not None:
+            assert (o[f"{ACTOR}.clip_ratio_low"], o[f"{ACTOR}.clip_ratio_high"]) == (
+                str(x.clip.eps_low),
+                str(x.clip.eps_high),
+            )
+        assert o["algorithm.adv_estimator"] == table.ADVANTAGES[x.advantage_estimator][0]
+    rpg = next(x for x in specs if x.algorithm == "rpg_reinforce")
+    assert rpg.kl == "urkl"  # the paper's best
+    gspo = next(x for x in specs if x.algorithm == "gspo")
+    assert (gspo.clip.eps_low, gspo.clip.eps_high, gspo.loss_agg_mode) == (3e-4, 4e-4, "seq-mean-token-mean")
+    assert next(x for x in specs if x.algorithm == "sapo").clip is None
+
+
+def test_the_baselines_smoke_grid_runs_every_algorithm_of_the_table_locally(monkeypatch):
+    from rpg_cli.algorithms import table
+
+    monkeypatch.syspath_prepend(str(REPO))  # its custom loss, examples.my_loss, is found from the repository's root
+    specs = load_sweep(REPO / "experiments" / "smoke-baselines.yaml").expand()
+    assert sorted(x.algorithm for x in specs) == sorted(table.ALGORITHMS)
+    assert {x.backend for x in specs} == {"local"} and {x.model for x in specs} == {"data/toy/model"}
+    smoke = {x.run_id for x in load_sweep(REPO / "experiments" / "smoke.yaml").expand()}
+    paper_algorithms = ("grpo", "dapo", "reinforce_pp", "reinforce_pp_baseline", "rpg", "rpg_reinforce")
+    # the paper's algorithms are smoke.yaml's own runs (the URKL ones)
+    assert {x.run_id for x in specs if x.algorithm in paper_algorithms} <= smoke
+    custom = next(x for x in specs if x.algorithm == "custom")
+    assert (custom.loss, custom.loss_settings, custom.advantage_estimator) == (
+        "examples.my_loss:capped_reinforce",
+        {"clip": 2.0},
+        "grpo",
+    )
+    assert custom.run_name.startswith("custom-capped_reinforce-") and len(custom.loss_source) == 12
+
+
+@pytest.mark.parametrize("grid", sorted((REPO / "experiments").glob("*.yaml")), ids=lambda p: p.stem)
+def test_every_shipped_grid_expands_and_dry_runs(grid, tmp_path, monkeypatch):
+    """Every grid under experiments/ plans: each cell validates and `rpg sweep --dry-run` lists it, exit 0."""
+    from run_inputs import write_inputs
+    from typer.testing import CliRunner
+
+    from rpg_cli.cli import app
+
+    monkeypatch.syspath_prepend(str(REPO))  # a custom loss's module (examples.my_loss)
+    specs = load_sweep(grid).expand()
+    write_inputs(tmp_path, specs)
+    for spec in specs:  # verl refuses a training file smaller than a step's batch: one the size of it
+        if spec.backend == "verl":
+            write_eval_file(tmp_path / spec.data.train_files[0], spec.train_batch_size)
+    result = CliRunner().invoke(
+        app, ["sweep", str(grid), "--dry-run", "--format", "json", "--db", f"sqlite:///{tmp_path / 'none.db'}"]
+    )
+    assert result.exit_code == 0, result.output
+    rows = json.loads(result.stdout)
+    assert sorted(r["id"] for r in rows) == sorted(x.run_id for x in specs)
+    assert not (tmp_path / "none.db").exists()

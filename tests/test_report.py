@@ -294,6 +294,48 @@ def test_groups_by_model_and_context_and_names_variants(store, fill):
     ]
 
 
+def test_todays_baselines_and_the_estimators_are_named_exactly_and_ordered_by_the_algorithm_table(store, fill):
+    from rpg_cli.report.names import METHOD_ORDER, method_base
+
+    rows = {
+        "sapo": {**spec("sapo", clip=None), "sapo": {"tau_pos": 1.0, "tau_neg": 1.05}},
+        "gspo": spec("gspo", clip=(3e-4, 4e-4)),
+        "grpo_exact": {**spec("grpo"), "kl_clamp": False},
+        "grpo": {**spec("grpo"), "kl_clamp": True},
+        "dr_grpo": spec("dr_grpo"),
+        "tis": {**spec("rpg", "urkl"), "rollout_correction": {"rollout_is": "token", "rollout_is_threshold": 2.0}},
+        "rpg": spec("rpg", "urkl"),
+        "custom": {**spec("custom", clip=None), "loss": "mylosses.pg:my_loss", "loss_settings": {"scale": 2.0}},
+        "custom_other": {**spec("custom", clip=None), "loss": "mylosses.pg:my_loss", "loss_settings": {"scale": 3.0}},
+    }
+    for s in rows.values():
+        fill.evals(fill.run(s), "aime24", {10: 0.5})
+    table = report.build_table(store, compare_paper=True)
+    assert [r.method for r in table.groups[0].rows] == [
+        "GRPO",
+        "GRPO (exact k3)",  # the paper ran GRPO's k3 clamped (verl's low_var_kl): the exact one is another estimator
+        "RPG-URKL",
+        "RPG-URKL (TIS token 2)",
+        "Dr. GRPO",
+        "GSPO",
+        "SAPO",
+        "my_loss (loss_settings=scale:2)",  # a custom loss is its function; its settings tell its runs apart
+        "my_loss (loss_settings=scale:3)",
+    ]
+    # only the methods as the paper ran them are compared with its numbers
+    assert row_of(table, "GRPO").paper_method == "GRPO" and row_of(table, "GRPO (exact k3)").paper_method is None
+    assert row_of(table, "RPG-URKL (TIS token 2)").paper_method is None
+    assert METHOD_ORDER.index("GRPO") < METHOD_ORDER.index("RPG-URKL") < METHOD_ORDER.index("Dr. GRPO")
+    both = {"rollout_is": "sequence", "rollout_is_threshold": 5.0, "rollout_is_batch_normalize": True}
+    both |= {"rollout_rs": "seq_mean_k3", "rollout_rs_threshold": 0.01}
+    assert (
+        method_base({**spec("grpo"), "kl_clamp": False, "kl_correction": True, "rollout_correction": both})
+        == "GRPO-Corrected (exact k3, TIS sequence 5 normalized, RS seq_mean_k3 0.01)"
+    )
+    rs = {"rollout_is": None, "rollout_rs": "token_k1", "rollout_rs_threshold": "0.5_2.0"}
+    assert method_base({**spec("gmpo"), "rollout_correction": rs}) == "GMPO (RS token_k1 0.5_2.0)"
+
+
 # --------------------------------------------------------------------------- --compare-paper
 
 

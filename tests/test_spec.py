@@ -24,6 +24,7 @@ from rpg_cli.spec import (
     load_spec,
     load_sweep,
 )
+from rpg_cli.spec.errors import _validate
 
 REPO = Path(__file__).resolve().parents[1]
 EXPERIMENTS = REPO / "experiments"
@@ -257,7 +258,7 @@ def test_wrong_type(tmp_path, old, new, path, allowed):
         (
             {"algorithm": "dapo", "kl": "none", "beta": 0, "kl_loss": {"estimator": "k3", "coef": 1e-3}},
             "kl_loss",
-            "dapo has no KL term",
+            "dapo has no KL loss",
         ),
         (
             {"algorithm": "reinforce_pp", "kl": "none", "kl_loss": {"estimator": "k4", "coef": 1e-3}},
@@ -437,12 +438,12 @@ def test_include_extends_matching_cells_and_otherwise_adds_a_cell():
         ({"algorithm": "dapo", "beta": 1e-3}, "beta", "dapo has no KL term"),
         ({"algorithm": "dapo", "kl": "urkl"}, "kl", "dapo has no KL variant"),
         ({"algorithm": "dapo", "reference": "frozen"}, "reference", "no reference model"),
-        ({"algorithm": "rpg", "kl": "urkl", "kl_correction": True}, "kl_correction", "only grpo"),
+        ({"algorithm": "rpg", "kl": "urkl", "kl_correction": True}, "kl_correction", "kl_correction is for grpo"),
         ({"algorithm": "rpg", "kl": "urkl", "kl_loss": {"estimator": "k1", "coef": 1e-4}}, "kl_loss", "allowed: null"),
         (
             {"algorithm": "grpo", "clip": {"eps_low": 0.2, "eps_high": 0.2, "clipped_weight_in_sg": True}},
             "clip.clipped_weight_in_sg",
-            "rpg_reinforce's",
+            "clip.clipped_weight_in_sg is for rpg_reinforce",
         ),
     ],
 )
@@ -665,3 +666,178 @@ def test_an_environment_interpolation_is_refused_before_it_is_read(tmp_path, mon
     message = str(error.value)
     assert "base.verl.env.NCCL_DEBUG" in message and "reads rpg's environment" in message
     assert "hunter2" not in message and "\n" not in message
+
+
+# ---------------------------------------------------------------------------------------------
+# run ids from before the algorithm table, and the fields it brought
+
+
+def test_run_ids_and_names_from_before_the_algorithm_table_stand():
+    # computed with the if-chains the table replaced: stored runs and Ray submission ids depend on them
+    assert [x.run_name for x in load_sweep(EXPERIMENTS / "smoke.yaml").expand()] == [
+        "grpo-clip0.2_0.28-adamw-2k-s0-65c5b17e",
+        "dapo-clip0.2_0.28-adamw-2k-s0-25745ebb",
+        "reinforce_pp-clip0.2_0.28-adamw-2k-s0-62a580da",
+        "reinforce_pp_baseline-clip0.2_0.28-adamw-2k-s0-63899e89",
+        "rpg-fkl-clip0.2_0.28-adamw-2k-s0-47283a7c",
+        "rpg-rkl-clip0.2_0.28-adamw-2k-s0-07de2984",
+        "rpg-ufkl-clip0.2_0.28-adamw-2k-s0-fa3ef75a",
+        "rpg-urkl-clip0.2_0.28-adamw-2k-s0-544a5dc8",
+        "rpg_reinforce-fkl-clip0.2_0.28-adamw-2k-s0-ca42df4b",
+        "rpg_reinforce-rkl-clip0.2_0.28-adamw-2k-s0-8349dba5",
+        "rpg_reinforce-ufkl-clip0.2_0.28-adamw-2k-s0-f8355dd8",
+        "rpg_reinforce-urkl-clip0.2_0.28-adamw-2k-s0-2ec1c41f",
+    ]
+    canonical = ExperimentSpec.model_validate(yaml_dict()).canonical()
+    for field in ("sapo", "loss", "loss_settings", "loss_source", "advantage", "rollout_correction"):
+        assert field not in canonical  # omitted while empty: the ids above stand
+
+
+def baseline(algorithm: str, **changes) -> ExperimentSpec:
+    """A spec of one of today's baselines: its table defaults, no KL."""
+    data = {k: v for k, v in yaml_dict().items() if k not in ("kl", "beta", "clip")}
+    return _validate(ExperimentSpec, {**data, "algorithm": algorithm, **changes})
+
+
+def test_sapos_gate_defaults_to_its_papers_temperatures_and_is_in_the_id():
+    sapo = baseline("sapo")
+    assert (sapo.sapo.tau_pos, sapo.sapo.tau_neg, sapo.clip, sapo.loss_agg_mode) == (
+        1.0,
+        1.05,
+        None,
+        "seq-mean-token-mean",
+    )
+    assert sapo.run_name.startswith("sapo-adamw-4k-s0-")  # no clip, and no "noclip" either: it never has one
+    assert baseline("sapo", sapo={"tau_neg": 2.0}).run_id != sapo.run_id
+    assert baseline("sapo", sapo={}).run_id == sapo.run_id
+    with pytest.raises(SpecError, match="sapo.tau_pos: got 0; allowed: > 0"):
+        baseline("sapo", sapo={"tau_pos": 0})
+
+
+def test_rollout_correction_under_verls_names_and_in_the_id():
+    plain = baseline("gspo")
+    tis = baseline("gspo", rollout_correction={"rollout_is": "token"})
+    assert tis.rollout_correction.rollout_is_threshold == 2.0  # verl's default
+    assert tis.run_id != plain.run_id and tis.canonical()["rollout_correction"]["rollout_is"] == "token"
+    assert ExperimentSpec.model_validate(tis.canonical()).run_id == tis.run_id  # spec.json reads back the same
+    both = ExperimentSpec.model_validate(
+        {
+            **yaml_dict(),  # rpg_reinforce: every algorithm takes it
+            "rollout_correction": {
+                "rollout_is": "sequence",
+                "rollout_is_threshold": 5.0,
+                "rollout_rs": "token_k1,seq_mean_k3",
+                "rollout_rs_threshold": "0.5_2.0,0.01",
+            },
+        }
+    )
+    assert both.rollout_correction.rollout_rs == "token_k1,seq_mean_k3"
+
+
+@pytest.mark.parametrize(
+    "block, path, words",
+    [
+        ({}, "rollout_correction", "turns on neither importance weights nor rejection"),
+        ({"rollout_is": "tokens"}, "rollout_correction.rollout_is", "allowed: 'token' or 'sequence'"),
+        ({"rollout_is": "token", "rollout_is_threshold": 1.0}, "rollout_correction.rollout_is_threshold", "> 1"),
+        ({"rollout_rs": "token_k4", "rollout_rs_threshold": 2.0}, "rollout_correction.rollout_rs", "token_k1, "),
+        ({"rollout_rs": "seq_mean_k3"}, "rollout_correction", "needs rollout_rs_threshold"),
+        ({"rollout_is": "token", "rollout_rs_threshold": 2.0}, "rollout_correction", "rejects nothing"),
+        (
+            {"rollout_rs": "seq_max_k2", "rollout_rs_threshold": "0.5_2"},
+            "rollout_correction.rollout_rs_threshold",
+            "no '_'",
+        ),
+        (
+            {"rollout_rs": "token_k1,token_k2", "rollout_rs_threshold": "0.5_2,1,3"},
+            "rollout_correction.rollout_rs_threshold",
+            "3 thresholds for 2 modes",
+        ),
+        (
+            {"rollout_rs": "token_k1", "rollout_rs_threshold": "2_0.5"},
+            "rollout_correction.rollout_rs_threshold",
+            "lower <= upper",
+        ),
+        (
+            {"rollout_rs": "token_k2", "rollout_rs_threshold": 1, "rollout_is_batch_normalize": True},
+            "rollout_correction",
+            "which are off",
+        ),
+        ({"rollout_is": "token", "bypass_mode": True}, "rollout_correction.bypass_mode", "unknown field"),
+    ],
+)
+def test_a_rollout_correction_verl_would_refuse_or_ignore_is_refused_in_one_line(block, path, words):
+    with pytest.raises(SpecError) as info:
+        baseline("gspo", rollout_correction=block)
+    assert info.value.path == path and words in info.value.reason and "\n" not in str(info.value)
+
+
+LOSS_MODULE = """
+def my_loss(*, log_prob, old_log_prob, advantages, response_mask, settings, **_):
+    return -advantages * log_prob
+"""
+
+
+@pytest.fixture
+def loss_module(tmp_path, monkeypatch) -> Path:
+    """A researcher's loss module, mylosses/pg.py, importable from tmp_path (sys.path and PYTHONPATH)."""
+    package = tmp_path / "mylosses"
+    package.mkdir()
+    (package / "__init__.py").write_text("")
+    (package / "pg.py").write_text(LOSS_MODULE)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.setenv("PYTHONPATH", str(tmp_path))
+    return package / "pg.py"
+
+
+def custom(**changes) -> ExperimentSpec:
+    data = {k: v for k, v in yaml_dict().items() if k not in ("kl", "beta", "clip")}
+    return _validate(ExperimentSpec, {**data, "algorithm": "custom", "loss": "mylosses.pg:my_loss", **changes})
+
+
+def test_a_custom_loss_is_named_by_its_function_and_its_source_is_in_the_id(loss_module):
+    import hashlib
+
+    spec = custom(loss_settings={"scale": 2.0, "mode": "a", "list": [1, None]})
+    assert spec.loss_source == hashlib.sha256(loss_module.read_bytes()).hexdigest()[:12]
+    assert spec.run_name.startswith("custom-my_loss-adamw-4k-s0-")
+    assert (spec.loss_name, spec.advantage_estimator, spec.clip) == ("custom", "grpo", None)
+    assert custom(loss_settings={"scale": 3.0}).run_id != spec.run_id  # the settings are in the id
+    assert custom(advantage="rloo").advantage_estimator == "rloo"
+    same = ExperimentSpec.model_validate(spec.canonical())
+    loss_module.write_text(LOSS_MODULE + "\n# edited\n")
+    assert custom(loss_settings={"scale": 2.0, "mode": "a", "list": [1, None]}).run_id != spec.run_id  # a new run
+    # spec.json keeps its hash: the run it recorded keeps its id
+    assert ExperimentSpec.model_validate(spec.canonical()).run_id == same.run_id == spec.run_id
+    assert custom(loss_settings={"x": None}).canonical()["loss_settings"] == {"x": None}  # a setting, not empty
+
+
+@pytest.mark.parametrize(
+    "changes, path, words",
+    [
+        ({"loss": "mylosses/pg.py"}, "loss", "allowed: package.module:function"),
+        ({"loss": "nowhere.pg:my_loss"}, "loss", "cannot find module 'nowhere.pg'"),
+        ({"loss": None}, "loss", "custom needs a loss; allowed: package.module:function"),
+        ({"loss_settings": {"when": __import__("datetime").date(2025, 1, 1)}}, "loss_settings", "when: got"),
+        ({"loss_settings": {"x": [1.0, float("nan")]}}, "loss_settings", "x[1]: got nan; allowed: a finite number"),
+        ({"advantage": "gae"}, "advantage", "'rpg'"),
+        ({"clip": {"eps_low": 0.2, "eps_high": 0.2}}, "clip", "custom has no clip; allowed: off"),
+        ({"loss_source": "xyz"}, "loss_source", "allowed: text matching"),
+    ],
+)
+def test_a_bad_custom_loss_is_one_line_naming_the_fix(loss_module, changes, path, words):
+    with pytest.raises(SpecError) as info:
+        custom(**changes)
+    assert info.value.path == path and words in info.value.reason and "\n" not in str(info.value)
+
+
+def test_a_loss_on_another_algorithm_is_refused_and_collapses_in_a_sweep(loss_module):
+    with pytest.raises(SpecError, match="loss: rpg_reinforce has no loss of its own .*allowed: null"):
+        ExperimentSpec.model_validate(yaml_dict(loss="mylosses.pg:my_loss"))
+    with pytest.raises(SpecError, match="loss_source: is the hash of the loss's source, and there is no loss"):
+        ExperimentSpec.model_validate(yaml_dict(loss_source="0123456789ab"))
+    base = {**yaml_dict(), "loss": "mylosses.pg:my_loss", "loss_settings": {"scale": 2.0}}
+    s = SweepSpec.model_validate({"name": "t", "base": base, "grid": {"algorithm": ["custom", "rpg_reinforce"]}})
+    by_algorithm = {x.algorithm: x for x in s.expand()}
+    assert by_algorithm["custom"].loss_settings == {"scale": 2.0} and by_algorithm["custom"].loss_source
+    assert by_algorithm["rpg_reinforce"].run_id == ExperimentSpec.model_validate(yaml_dict()).run_id

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import re
+import sqlite3
 import subprocess
 import sys
 import textwrap
@@ -317,3 +318,31 @@ def test_two_processes_ingesting_one_growing_metrics_file_store_every_value_once
         assert store.latest("id0001") == (400, {f"k{j}": 400.0 + j for j in range(KEYS)})
     finally:
         store.close()
+
+
+def test_an_open_that_sqlite_answers_locked_at_once_starts_over(tmp_path, monkeypatch):
+    """SQLite answers "database is locked" without waiting where waiting could deadlock (two processes creating
+    one file at once): opening is idempotent, so open_store starts over until its busy timeout, and a lock
+    that outlasts it is one line."""
+    from rpg_cli.store import migrations
+    from rpg_cli.store.url import StoreError
+
+    real, calls = migrations.current_version, []
+
+    def locked_twice(conn, tables):
+        calls.append(1)
+        if len(calls) <= 2:
+            raise sa.exc.OperationalError("SELECT version", {}, sqlite3.OperationalError("database is locked"))
+        return real(conn, tables)
+
+    monkeypatch.setattr(migrations, "current_version", locked_twice)
+    url = f"sqlite:///{tmp_path / 'runs' / 'results.db'}"
+    store = open_store(url)  # the third try opens it, tables and all
+    assert len(calls) > 2 and store.runs() == []
+    store.close()
+    calls.clear()
+    monkeypatch.setattr("rpg_cli.store.db.SQLITE_BUSY_TIMEOUT_S", 0.0)
+    monkeypatch.setattr(migrations, "current_version", lambda conn, tables: locked_twice(conn, tables) and 0)
+    with pytest.raises(StoreError, match=r"^cannot open the results database .*\(database is locked\); check the"):
+        open_store(url)
+    assert len(calls) == 1

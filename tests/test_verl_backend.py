@@ -34,6 +34,9 @@ from rpg_cli.orchestration.plan import plan_sweep  # noqa: E402
 from rpg_cli.spec import Every, ExperimentSpec, SpecError, load_sweep  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
+# the losses rpg's plugin registers and runs through verl's path (the others run verl's own function on verl);
+# the custom loss is tests/test_baselines_backends.py's
+PLUGIN_LOSSES = [n for n in launch.plugin_losses(LOSS_NAMES) if n != launch.CUSTOM_LOSS]
 GRIDS = [REPO / "experiments" / "paper-qwen25-7b-instruct.yaml", REPO / "experiments" / "paper-qwen3-4b.yaml"]
 VERL_CONFIG_DIR = str(Path(verl.__file__).parent / "trainer" / "config")
 
@@ -67,7 +70,7 @@ def assert_config_is_the_spec(spec: ExperimentSpec, cfg, run_dir: Path) -> None:
     algorithm = omega_conf_to_dataclass(cfg.algorithm)
     loss = actor.policy_loss
     assert isinstance(loss, RPGPolicyLossConfig)
-    assert loss.loss_mode == spec.loss_name
+    assert loss.loss_mode == (spec.entry.verl_loss or spec.loss_name)  # verl's own function where verl has it
     assert (loss.beta, loss.clip) == (spec.beta, spec.clip is not None)
     if spec.clip is not None:
         assert (actor.clip_ratio_low, actor.clip_ratio_high, actor.clip_ratio_c) == (
@@ -81,8 +84,9 @@ def assert_config_is_the_spec(spec: ExperimentSpec, cfg, run_dir: Path) -> None:
     # reset schedule's KL trigger does); the iterative one is pi_old and needs no worker at all
     separate = spec.reference != "iterative"
     resets = isinstance(spec.reference, Every)
-    kl_in_reward = spec.algorithm in ("reinforce_pp", "reinforce_pp_baseline") and spec.beta > 0
-    kl_in_loss = spec.algorithm in ("rpg", "rpg_reinforce", "grpo") and spec.beta > 0
+    kl_in_reward = spec.entry.beta_in == "reward" and spec.beta > 0
+    custom = spec.loss_name == launch.CUSTOM_LOSS  # its function gets a separate reference's log-probs (no beta)
+    kl_in_loss = (spec.entry.beta_in == "loss" and spec.beta > 0) or custom
     assert loss.use_reference == (separate and kl_in_loss)
     assert need_reference_policy(cfg) == (
         separate and (kl_in_loss or kl_in_reward or resets or spec.kl_loss is not None)
@@ -143,8 +147,12 @@ def assert_config_is_the_spec(spec: ExperimentSpec, cfg, run_dir: Path) -> None:
         "rpg": ("grpo", False),
         "reinforce_pp": ("reinforce_plus_plus", True),
         "reinforce_pp_baseline": ("reinforce_plus_plus_baseline", True),
+        "rloo": ("rloo_vectorized", True),  # verl 0.9.1: a group of one gets 0, as rpg
     }[spec.advantage_estimator]
     assert (algorithm.adv_estimator, algorithm.norm_adv_by_std_in_grpo) == estimator
+    # Dr. GRPO's constant normaliser: the response budget, not each micro-batch's longest response
+    norm = spec.max_response_length if spec.loss_agg_mode == "seq-mean-token-sum-norm" else None
+    assert actor.loss_scale_factor == norm
     # DAPO's tricks, on any algorithm: verl's own dynamic sampling and overlong shaping
     assert algorithm.filter_groups.enable == (spec.dynamic_sampling is not None)
     if spec.dynamic_sampling is not None:
@@ -314,7 +322,7 @@ ENTRY_POINT = 'rpg = "rpg_cli.backends.verl.plugin"'  # pyproject: [project.entr
 def losses_seen_by_a_fresh_verl(extra_path: Path | None = None) -> str:
     code = (
         "import verl; from verl.trainer.ppo.core_algos import POLICY_LOSS_REGISTRY as R; "
-        f"print(all(n in R for n in {list(LOSS_NAMES)!r}))"
+        f"print(all(n in R for n in {launch.plugin_losses(LOSS_NAMES)!r}))"
     )
     env = {k: v for k, v in os.environ.items() if k not in ("VERL_USE_EXTERNAL_MODULES", "VERL_USE_EXTERNAL_PLUGINS")}
     if extra_path is not None:
@@ -412,10 +420,10 @@ def verl_actor_loss(config, flat, data):
 
 
 @pytest.mark.parametrize("use_reference", [False, True], ids=["iterative", "frozen"])
-@pytest.mark.parametrize("name", LOSS_NAMES)
+@pytest.mark.parametrize("name", PLUGIN_LOSSES)
 def test_verl_loss_path_computes_exactly_policy_loss(name, use_reference, tmp_path):
     config = actor_config(name, tmp_path, use_reference=use_reference)
-    data, flat, padded = verl_batch(seed=LOSS_NAMES.index(name))
+    data, flat, padded = verl_batch(seed=PLUGIN_LOSSES.index(name))
     loss, metrics = verl_actor_loss(config, flat, data)
     (verl_grad,) = torch.autograd.grad(loss, flat)
 

@@ -120,3 +120,17 @@ def test_the_memory_estimate_reads_the_harness_setting(run):
     """`make gpu-check` compares it with the measured peak on CUDA; here it must exist and be the size of the
     tiny model's states plus its micro-batch (well under a GiB)."""
     assert 0 < run["estimated_update_gib"] < 1
+
+
+def test_a_custom_loss_in_verls_worker_is_the_local_paths_custom_policy_loss(run):
+    """The plugin's `custom` loss inside verl's update (MATH.md section 11), with the spec's settings, the separate
+    reference's log-probs and rollout correction's weights in the batch: every micro-batch's value and gradient are
+    those `custom_policy_loss` gives on the same tensors (the local backend's call), and the function's own metric
+    is logged under actor/<name>."""
+    custom = run["custom_loss"]
+    calls = custom["calls"]
+    assert len(calls) == 2  # one micro-batch per mini-batch, each normalised by itself (scale 1)
+    for call in calls:
+        assert call["with_ref"] and call["with_weights"] and call["scale"] == 1.0
+        assert call["value_gap"] == 0.0 and call["grad_gap"] == 0.0 and call["grad_sum"] > 0
+    assert "actor/capped_frac" in custom["metric_keys"] and "actor/pg_loss" in custom["metric_keys"]

@@ -62,7 +62,7 @@ CANNOT_MATCH = [
     (
         "algorithm=rpg,grpoo",
         "'grpoo' is not a value of algorithm; allowed: grpo, dapo, reinforce_pp, reinforce_pp_baseline, rpg, "
-        "rpg_reinforce",
+        "rpg_reinforce, dr_grpo, rloo, gspo, cispo, gmpo, sapo, custom",
     ),
     ("kl!=urkk", "'urkk' is not a value of kl; allowed: fkl, rkl, ufkl, urkl, none"),
     ("seed=-1", "'-1' is not a value of seed; allowed: >= 0"),

@@ -9,7 +9,9 @@ for an RPG-REINFORCE cell (`launch.overrides`; the spec names the model; fsdp2 a
 `actor_rollout_ref.actor.strategy=fsdp2`, which the reference follows), and drives rpg's
 `RPGActorRolloutRefWorker` (verl's `ActorRolloutRefWorker`, role actor_rollout_ref) the way verl's synchronous
 trainer does: init_model, compute_log_prob (old log-probs), compute_ref_log_prob, verl's advantage code,
-update_actor, plus rpg's reference reset, checkpoints and the trainer hook that triggers the reset. Random
+update_actor, plus rpg's reference reset, checkpoints and the trainer hook that triggers the reset, and last an
+update with a custom loss (`policy_loss.loss_mode=custom`, MATH.md section 11) and rollout correction's weights in
+the batch, each micro-batch's loss and gradient compared with the local path's `custom_policy_loss`. Random
 response tokens stand in for vLLM rollouts. It writes what it measured to OUT_JSON; the caller asserts.
 
 Stand-ins on the CPU, all here and none in the package (each is why verl cannot run on a CPU as shipped):
@@ -329,6 +331,104 @@ def same_shards(a: dict, b: dict) -> float:
     return max(float((a[k] - b[k]).abs().max()) for k in a)
 
 
+# ---------------------------------------------------------------- a custom loss in verl's worker
+
+# a researcher's loss (MATH.md section 11) that reads every keyword rpg passes: the reference (a separate one here),
+# the settings, and returns a metric of its own
+CUSTOM_LOSS_MODULE = """
+import torch
+
+
+def capped_pg(*, log_prob, old_log_prob, ref_log_prob, advantages, response_mask, settings):
+    w = torch.exp(log_prob - old_log_prob)
+    loss = -torch.minimum(w, torch.full_like(w, settings["cap"])) * advantages
+    if ref_log_prob is not None:
+        loss = loss + settings["beta"] * (log_prob - ref_log_prob) ** 2
+    return loss, {"capped_frac": ((w > settings["cap"]) & response_mask).float().sum() / response_mask.sum()}
+"""
+CUSTOM_TARGET = "harness_losses:capped_pg"
+CUSTOM_SETTINGS = {"cap": 1.02, "beta": 0.1}
+
+
+def custom_loss_update(worker, data, cfg, work: Path) -> dict:
+    """One update_actor with the plugin's `custom` loss (settings, the separate reference, rollout correction's
+    weights), each call of it checked against `custom_policy_loss` on the same tensors: value and gradient with
+    respect to log_prob (the local path), and the scale verl's global-batch normalisation gave it."""
+    import dataclasses
+    from functools import partial
+
+    from rpg_cli.algorithms.custom import custom_policy_loss
+    from rpg_cli.custom_loss import load
+
+    root = work / "losses"
+    root.mkdir(exist_ok=True)
+    (root / "harness_losses.py").write_text(CUSTOM_LOSS_MODULE)
+    sys.path.insert(0, str(root))
+    fn = load(CUSTOM_TARGET)
+    actor_config = worker.loss_fn.keywords["config"]
+    config = dataclasses.replace(
+        actor_config,
+        policy_loss=dataclasses.replace(
+            actor_config.policy_loss, loss_mode="custom", custom=CUSTOM_TARGET, custom_settings=CUSTOM_SETTINGS
+        ),
+    )
+    registered = POLICY_LOSS_REGISTRY["custom"]
+    seen = []
+
+    def comparing(
+        old_log_prob,
+        log_prob,
+        advantages,
+        response_mask,
+        loss_agg_mode="token-mean",
+        config=None,
+        rollout_is_weights=None,
+    ):
+        loss, metrics = registered(
+            old_log_prob, log_prob, advantages, response_mask, loss_agg_mode, config, rollout_is_weights
+        )
+        ref = plugin._reference.get()
+        local, _ = custom_policy_loss(
+            fn,
+            log_prob=log_prob,
+            old_log_prob=old_log_prob,
+            advantages=advantages,
+            response_mask=response_mask,
+            ref_log_prob=ref,
+            settings=CUSTOM_SETTINGS,
+            loss_agg_mode=loss_agg_mode,
+            weights=rollout_is_weights,
+        )
+        (ours,) = torch.autograd.grad(loss, log_prob, retain_graph=True)
+        (theirs,) = torch.autograd.grad(local, log_prob, retain_graph=True)
+        seen.append(
+            dict(
+                value_gap=abs(float(loss.detach()) - float(local.detach())),
+                grad_gap=float((ours - theirs).abs().max()),
+                grad_sum=float(theirs.abs().sum()),
+                scale=plugin.global_batch_scale(loss_agg_mode, response_mask, config.global_batch_info),
+                with_ref=ref is not None,
+                with_weights=rollout_is_weights is not None,
+            )
+        )
+        return loss, metrics
+
+    g = torch.Generator().manual_seed(5)
+    # rollout correction's truncated weights stand-in, one per response token
+    weights = [0.5 + torch.rand(len(m), generator=g) for m in data["response_mask"].unbind()]
+    weights = torch.nested.nested_tensor(weights, layout=torch.jagged)
+    batch = data.clone()
+    batch.set("rollout_is_weights", weights)
+    POLICY_LOSS_REGISTRY["custom"] = comparing
+    worker.set_loss_fn(partial(engine_workers.ppo_loss, config=config))
+    try:
+        metrics = tu.get(worker.update_actor(with_info(batch, **update_info(cfg))), "metrics")
+    finally:
+        POLICY_LOSS_REGISTRY["custom"] = registered
+        worker.set_loss_fn(partial(engine_workers.ppo_loss, config=actor_config))
+    return {"calls": seen, "metric_keys": sorted(metrics)}
+
+
 # ---------------------------------------------------------------- the run
 
 
@@ -508,6 +608,7 @@ def main(work: Path, out_path: Path, strategy: str) -> None:
     out["repeat_update_gap"] = same_shards(actor_shards(worker), after_first)
     out["elements_copied"] = worker.reset_reference()
     out["actor_elements"] = sum(p.numel() for p in shards(worker.actor.engine.module).values())
+    out["custom_loss"] = custom_loss_update(worker, data, cfg, work)
     out["total_s"] = time.perf_counter() - STARTED
     out_path.write_text(json.dumps(out, indent=1))
 

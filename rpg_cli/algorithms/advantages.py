@@ -6,8 +6,8 @@ estimators return (batch,); `to_tokens` broadcasts them over the response mask. 
 token-level by construction and returns (batch, response_len).
 
 Differences from verl 0.9.1, on purpose (MATH.md is the contract): a group of size 1 has no baseline
-information, so its GRPO/RPG/REINFORCE++-baseline advantage is 0 (verl uses mean 0, std 1, i.e. the raw
-reward).
+information, so its GRPO/RPG/REINFORCE++-baseline/RLOO advantage is 0 (verl's grpo and rloo use mean 0 (and
+std 1), i.e. the raw reward; verl's rloo_vectorized gives 0, as here).
 """
 
 from __future__ import annotations
@@ -60,9 +60,20 @@ def grpo_advantage(scores: torch.Tensor, group_ids: GroupIds, eps: float = GROUP
 
 
 def rpg_advantage(scores: torch.Tensor, group_ids: GroupIds) -> torch.Tensor:
-    """RPG: R - mean_g (group mean, no std division)."""
+    """RPG and Dr. GRPO (MATH.md section 9.1): R - mean_g (group mean, no std division); verl's grpo with
+    norm_adv_by_std_in_grpo=False on every group of two or more."""
     mean, _, _ = group_stats(scores, group_ids)
     return scores - mean
+
+
+def rloo_advantage(scores: torch.Tensor, group_ids: GroupIds) -> torch.Tensor:
+    """RLOO (MATH.md section 9.2; Ahmadian et al., arXiv 2402.14740): R_i minus the mean of the group's other
+    rewards, R_i - (sum_g - R_i) / (n - 1) = n / (n - 1) (R_i - mean_g), as verl's rloo computes it. The baseline
+    leaves R_i out, so it is independent of R_i and the estimate unbiased. A group of one has no other reward:
+    its advantage is 0 (verl's rloo leaves its raw reward, its rloo_vectorized gives 0)."""
+    mean, _, size = group_stats(scores, group_ids)
+    adv = (scores - mean) * size / (size - 1).clamp(min=1)
+    return torch.where(size > 1, adv, torch.zeros_like(adv))
 
 
 def batch_mean_advantage(scores: torch.Tensor) -> torch.Tensor:

@@ -1,4 +1,5 @@
-"""Policy losses of the RPG paper (MATH.md sections 1-3, 5) behind one entry point, `policy_loss`.
+"""Policy losses of the RPG paper (MATH.md sections 1-3, 5) and today's baselines (section 9) behind one entry
+point, `policy_loss`.
 
 Each per-token formula is a function of its own, readable next to MATH.md. `policy_loss` validates
 its inputs, turns them into clean per-token log-ratios, calls the formula and aggregates with verl's
@@ -6,7 +7,8 @@ its inputs, turns them into clean per-token log-ratios, calls the formula and ag
 
 Padding never leaks: masked positions may hold -inf/NaN in any input; they are replaced (torch.where,
 never multiplication) by log-ratio 0 and advantage 0 before any exp/log, so every per-token quantity
-there is finite (and in fact 0), in the loss and in its gradient.
+there is finite (and in fact 0), in the loss and in its gradient. Sequence-level quantities (GSPO's ratio,
+GMPO's geometric mean) are means over each row's valid tokens only; an all-padding row contributes nothing.
 """
 
 from __future__ import annotations
@@ -16,9 +18,10 @@ from typing import NamedTuple
 
 import torch
 
-from rpg_cli.algorithms.defaults import CLIP_C, EPS_HIGH, EPS_LOW
+from rpg_cli.algorithms.defaults import CLIP_C, EPS_HIGH, EPS_LOW, SAPO_TAU_NEG, SAPO_TAU_POS
 from rpg_cli.algorithms.kl import (
     KL_VARIANTS,
+    LOG_RATIO_LIMIT,
     clamp_log_ratio,
     k3,
     kl_component,
@@ -34,7 +37,12 @@ LOSS_NAMES = (
     "ppo",
     "grpo",
     "grpo_corrected",
+    "gspo",
+    "cispo",
+    "gmpo",
+    "sapo",
 )
+SEQUENCE_LOSSES = ("gspo", "gmpo")  # one importance ratio per sequence: rows are not interchangeable with tokens
 LOSS_AGG_MODES = ("token-mean", "token-sum", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm")
 
 
@@ -47,6 +55,7 @@ class TokenLoss(NamedTuple):
     clip_high: torch.Tensor | None = None  # ratio above 1+eps_high with a positive advantage: no gradient
     clip_low: torch.Tensor | None = None  # ratio below 1-eps_low with a negative advantage: no gradient
     clip_dual: torch.Tensor | None = None  # ratio above c with a negative advantage: bounded, no gradient
+    # (CISPO's clip_high/clip_low: the weight was clipped to its bound, the token keeps its gradient)
 
 
 # ---------------------------------------------------------------- clipping (section 2)
@@ -215,6 +224,131 @@ def grpo_loss(
     return pg._replace(loss=pg.loss + beta * kl, kl=kl)
 
 
+# ---------------------------------------------------------------- today's baselines (section 9)
+
+# verl 0.9.1 bounds GSPO's sequence log-ratio at 10 (compute_policy_loss_gspo): s_i <= e^10, no gradient beyond
+GSPO_LOG_RATIO_LIMIT = 10.0
+
+
+def sequence_mean(x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """Mean of x over each row's valid tokens, shape (batch, 1); 0 for a row without one. x is 0 on padding."""
+    return x.sum(-1, keepdim=True) / mask.sum(-1, keepdim=True).clamp(min=1)
+
+
+def token_form(seq_log_ratio: torch.Tensor, token_log_ratio: torch.Tensor, limit: float) -> torch.Tensor:
+    """A sequence ratio written per token (GSPO's "GSPO-token" form): exp(min(SG(m_i) + x_t - SG(x_t), limit)).
+
+    Its value is s_i = exp(m_i) on every token of sequence i and its derivative in x_t is s_i, so the per-sequence
+    token mean of -A s_{i,t} has exactly the value -A s_i and the gradient -A s_i (1/|y_i|) sum_t grad x_t of
+    -A exp(m_i), m_i = (1/|y_i|) sum_t x_t. Beyond `limit` the ratio is bounded and carries no gradient.
+    """
+    return torch.exp((seq_log_ratio.detach() + token_log_ratio - token_log_ratio.detach()).clamp(max=limit))
+
+
+def gspo_loss(
+    log_w: torch.Tensor, adv: torch.Tensor, mask: torch.Tensor, *, clip: bool, eps_low: float, eps_high: float
+) -> TokenLoss:
+    """GSPO (MATH.md section 9.3; Zheng et al., arXiv 2507.18071, eq. 5 and its GSPO-token form).
+
+        s_i     = exp( (1/|y_i|) sum_t log w_{i,t} )            sequence ratio: geometric mean of the token ratios
+        s_{i,t} = SG(s_i) pi_theta(y_{i,t}) / SG(pi_theta(y_{i,t}))   value s_i, gradient s_i grad log pi_theta
+        L_{i,t} = max(-A_{i,t} s_{i,t}, -A_{i,t} clip(s_{i,t}, 1-e1, 1+e2))       (clip=False: -A_{i,t} s_{i,t})
+
+    seq-mean-token-mean (the paper's mean over sequences) gives eq. 5 exactly; with per-sequence advantages every
+    token of a sequence has the same ratio and the same clip decision. PPO's clip only, no dual clip (the paper's).
+    `log_w` is the unclamped log-ratio (0 on padding), as verl takes it; log s_i is bounded at
+    GSPO_LOG_RATIO_LIMIT as verl 0.9.1 bounds it, so the loss equals verl's `gspo` on every input.
+    """
+    s = token_form(sequence_mean(log_w, mask), log_w, GSPO_LOG_RATIO_LIMIT)
+    loss = -adv * s
+    if clip:
+        loss = torch.maximum(loss, -adv * s.clamp(1 - eps_low, 1 + eps_high))
+    ratio = torch.where(mask, s.detach(), torch.ones_like(s))  # 1 on padding, as the metrics expect
+    if not clip:
+        return TokenLoss(loss, ratio)
+    with torch.no_grad():
+        clip_high = (adv > 0) & (ratio > 1 + eps_high)
+        clip_low = (adv < 0) & (ratio < 1 - eps_low)
+    return TokenLoss(loss, ratio, None, clip_high, clip_low)
+
+
+def cispo_loss(
+    log_w: torch.Tensor, log_prob: torch.Tensor, adv: torch.Tensor, *, clip: bool, eps_low: float, eps_high: float
+) -> TokenLoss:
+    """CISPO (MATH.md section 9.4; MiniMax-M1, arXiv 2506.13585, eqs. 4-5): the clipped IS weight as a constant.
+
+        w^ = clip(w, 1-e1, 1+e2)                          (clip=False: w^ = w)
+        L  = -SG(w^ A) (1 + log pi_theta - SG(log pi_theta))
+
+    The gradient is -w^ A grad log pi_theta on every token: a clipped weight never drops a token's gradient
+    (RPG-REINFORCE's clip and PPO's do). It is the paper's and verl's `cispo` gradient exactly. The value is not:
+    theirs is -SG(w^) A log pi_theta, which moves with log pi_theta itself; ours is -w^ A, the clipped
+    importance-weighted advantage (PPO's pg_loss at w inside the clip), so that pg_loss means the same thing for
+    every loss. Per token, ours = theirs - w^ A (1 - log pi_theta), before aggregation.
+    The paper sets no lower bound (e1 "large"); e1 >= 1 is allowed here and means none (w >= 0 always).
+    """
+    w = torch.exp(log_w)
+    weight = w.clamp(1 - eps_low, 1 + eps_high) if clip else w
+    loss = -(weight * adv).detach() * (1 + log_prob - log_prob.detach())
+    if not clip:
+        return TokenLoss(loss, w)
+    with torch.no_grad():
+        clip_high = w > 1 + eps_high  # the weight was capped; the token keeps its gradient
+        clip_low = w < 1 - eps_low
+    return TokenLoss(loss, w, None, clip_high, clip_low)
+
+
+def gmpo_loss(
+    log_w: torch.Tensor, adv: torch.Tensor, mask: torch.Tensor, *, clip: bool, eps_low: float, eps_high: float
+) -> TokenLoss:
+    """GMPO (MATH.md section 9.5; Zhao et al., arXiv 2507.20673): the geometric mean of token ratios, clipped per
+    token in log space (e1, e2 are log-space bounds: the paper's range (e^-0.4, e^0.4) is e1 = e2 = 0.4).
+
+        l_{i,t} = min(log w_{i,t}, e2) if A_{i,t} > 0;  max(log w_{i,t}, -e1) if A_{i,t} < 0;  0 if A_{i,t} = 0
+        s_i     = exp( (1/|y_i|) sum_t l_{i,t} )               (clip=False: l = log w)
+        A_i     = (1/|y_i|) sum_t A_{i,t}                      (the sequence's advantage)
+        L_i     = -A_i s_i,  written per token as -A_i s_{i,t} (`token_form`)
+
+    seq-mean-token-mean gives the paper's (1/G) sum_i -A_i s_i, value and gradient; the other modes weight the same
+    sequence terms by their lengths. With per-token advantages the clip direction follows each token's sign and
+    the multiplier is their mean, as verl's `geo_mean`. verl's function ignores loss_agg_mode and averages over
+    all rows with torch.mean, so an all-padding row counts as a 0 in its denominator; here it contributes nothing
+    (it holds no response), and the two agree on batches without empty rows. `log_w` is unclamped, as verl's;
+    log s_i is bounded above at LOG_RATIO_LIMIT (verl: unbounded) so that s_i stays finite in float32.
+    """
+    if clip:
+        tokens = torch.where(adv > 0, log_w.clamp(max=eps_high), log_w.clamp(min=-eps_low))
+        tokens = torch.where(adv == 0, torch.zeros_like(log_w), tokens)
+    else:
+        tokens = log_w
+    s = token_form(sequence_mean(tokens, mask), tokens, LOG_RATIO_LIMIT)
+    seq_adv = sequence_mean(adv, mask)
+    loss = torch.where(mask, -seq_adv * s, torch.zeros_like(s))  # the sequence's term on its valid tokens
+    ratio = torch.where(mask, s.detach(), torch.ones_like(s))
+    if not clip:
+        return TokenLoss(loss, ratio)
+    with torch.no_grad():
+        clip_high = (adv > 0) & (log_w > eps_high)
+        clip_low = (adv < 0) & (log_w < -eps_low)
+    return TokenLoss(loss, ratio, None, clip_high, clip_low)
+
+
+def sapo_loss(log_w: torch.Tensor, adv: torch.Tensor, *, tau_pos: float, tau_neg: float) -> TokenLoss:
+    """SAPO (MATH.md section 9.6; Gao et al., arXiv 2511.20347): a sigmoid gate of w in place of the clip.
+
+        f_tau(w) = sigma(tau (w - 1)) 4 / tau,   tau = tau_pos if A > 0 else tau_neg
+        L        = -f_tau(w) A
+
+    d f / d log w = 4 sigma (1 - sigma) w: exactly w (PPO's unclipped weight) at w = 1, decaying smoothly as w
+    leaves 1, faster for tau_neg > tau_pos. The paper averages tokens per sequence and then sequences
+    (seq-mean-token-mean), which verl 0.9.1's `sapo` always does; here the spec's loss_agg_mode applies.
+    """
+    w = torch.exp(log_w)
+    tau = torch.where(adv > 0, torch.full_like(w, tau_pos), torch.full_like(w, tau_neg))
+    gate = torch.sigmoid(tau * (w - 1.0)) * (4.0 / tau)
+    return TokenLoss(-gate * adv, w)
+
+
 def kl_penalty_loss(
     estimator: str,
     *,
@@ -234,6 +368,18 @@ def kl_penalty_loss(
     log_prob = torch.where(mask, log_prob, zero)
     ref = torch.where(mask, ref_log_prob.detach(), zero)
     return aggregate(kl_loss_term(estimator, log_prob, ref), mask, loss_agg_mode)
+
+
+# ---------------------------------------------------------------- rollout correction (section 10)
+
+
+def rollout_weighted(loss_mat: torch.Tensor, weights: torch.Tensor | None, mask: torch.Tensor) -> torch.Tensor:
+    """The per-token loss times rollout correction's importance weights (MATH.md section 10), before it is
+    aggregated, as verl 0.9.1's own losses apply `rollout_is_weights`; constants, and 1 on padding."""
+    if weights is None:
+        return loss_mat
+    one = torch.ones((), dtype=loss_mat.dtype, device=loss_mat.device)
+    return loss_mat * torch.where(mask, weights.detach().to(loss_mat.dtype), one)
 
 
 # ---------------------------------------------------------------- aggregation (section 5)
@@ -283,6 +429,7 @@ def _check_inputs(
     eps_high,
     clip_c,
     beta,
+    weights=None,
 ):
     if name not in LOSS_NAMES:
         raise ValueError(f"unknown policy loss {name!r}; expected one of {', '.join(LOSS_NAMES)}")
@@ -294,6 +441,8 @@ def _check_inputs(
     named = {"old_log_prob": old_log_prob, "response_mask": response_mask}
     if ref_log_prob is not None:
         named["ref_log_prob"] = ref_log_prob
+    if weights is not None:
+        named["weights"] = weights
     for key, tensor in named.items():
         if tuple(tensor.shape) != shape:
             raise ValueError(f"{key} has shape {tuple(tensor.shape)}, but log_prob has shape {shape}")
@@ -323,11 +472,16 @@ def policy_loss(
     loss_agg_mode: str = "token-mean",
     clipped_weight: bool = False,
     kl_clamp: bool = True,
+    tau_pos: float = SAPO_TAU_POS,
+    tau_neg: float = SAPO_TAU_NEG,
+    weights: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, dict[str, float]]:
     """The scalar loss to minimise and the metrics a researcher watches.
 
     name: rpg_{fkl,rkl,ufkl,urkl} (Algorithm 1), rpg_reinforce_{fkl,rkl,ufkl,urkl} (Algorithm 2),
-          ppo (dual-clip, no KL: DAPO, REINFORCE++), grpo (published k3 KL), grpo_corrected (w-weighted k3).
+          ppo (dual-clip, no KL: DAPO, REINFORCE++), grpo (published k3 KL), grpo_corrected (w-weighted k3),
+          today's baselines without a KL term of their own (section 9): gspo, cispo, gmpo (eps_low/eps_high are
+          log-space bounds), sapo (tau_pos, tau_neg; no clip). beta, ref_log_prob and clip_c apply to none of them.
     log_prob: log pi_theta of the sampled tokens (carries gradient), (batch, response_len).
     old_log_prob: log pi_old (the sampling policy), same shape. ref_log_prob: log pi_ref, or None for the
           iterative reference pi_ref = pi_old.
@@ -337,8 +491,9 @@ def policy_loss(
     GRPO's k3 as verl's clamped `low_var_kl` (default, as the paper ran it) or exact.
 
     Metrics: pg_loss (the returned loss), kl (mean estimate of the penalised divergence, KL losses only),
-    ppo_kl (mean -log w: drift from the sampling policy), ratio_mean (mean w), clipfrac_high/low/dual
-    (fractions of valid tokens in each no-gradient branch) and clipfrac (high + low).
+    ppo_kl (mean -log w: drift from the sampling policy), ratio_mean (mean w; gspo, gmpo: the sequence ratio),
+    clipfrac_high/low/dual (fractions of valid tokens in each no-gradient branch; cispo: whose weight was
+    clipped) and clipfrac (high + low).
     """
     _check_inputs(
         name,
@@ -353,12 +508,16 @@ def policy_loss(
         eps_high,
         clip_c,
         beta,
+        weights,
     )
     if clipped_weight and not name.startswith("rpg_reinforce_"):
         raise ValueError(f"clipped_weight (Remark F.2) applies to the rpg_reinforce_* losses only, not {name!r}")
+    if name == "sapo" and not (tau_pos > 0 and tau_neg > 0):
+        raise ValueError(f"sapo needs tau_pos > 0 and tau_neg > 0, got {tau_pos}, {tau_neg}")
     mask = response_mask.bool()
     zero = torch.zeros((), dtype=log_prob.dtype, device=log_prob.device)
-    log_w = clamp_log_ratio(torch.where(mask, log_prob - old_log_prob.detach(), zero))
+    raw_log_w = torch.where(mask, log_prob - old_log_prob.detach(), zero)  # GSPO's and GMPO's, unclamped as verl's
+    log_w = clamp_log_ratio(raw_log_w)
     log_rho = None  # the iterative reference pi_ref = pi_old
     if ref_log_prob is not None:
         log_rho = clamp_log_ratio(torch.where(mask, ref_log_prob.detach() - old_log_prob.detach(), zero))
@@ -368,6 +527,14 @@ def policy_loss(
 
     if name == "ppo":
         out = ppo_loss(log_w, adv, **clipping)
+    elif name in ("gspo", "gmpo"):
+        formula = gspo_loss if name == "gspo" else gmpo_loss
+        out = formula(raw_log_w, adv, mask, clip=clip, eps_low=eps_low, eps_high=eps_high)
+    elif name == "cispo":
+        logp = torch.where(mask, log_prob, zero)
+        out = cispo_loss(log_w, logp, adv, clip=clip, eps_low=eps_low, eps_high=eps_high)
+    elif name == "sapo":
+        out = sapo_loss(log_w, adv, tau_pos=tau_pos, tau_neg=tau_neg)
     elif name in ("grpo", "grpo_corrected"):
         ref = old_log_prob if ref_log_prob is None else ref_log_prob
         log_ref_ratio = torch.where(mask, ref.detach() - log_prob, zero)  # unclamped, as verl's low_var_kl takes it
@@ -389,7 +556,7 @@ def policy_loss(
     else:
         out = rpg_loss(name.removeprefix("rpg_"), log_w, log_rho, adv, beta=beta, **clipping)
 
-    loss = aggregate(out.loss, mask, loss_agg_mode)
+    loss = aggregate(rollout_weighted(out.loss, weights, mask), mask, loss_agg_mode)
     return loss, _metrics(loss, out, log_w, mask)
 
 

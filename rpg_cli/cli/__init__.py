@@ -17,6 +17,6 @@ from __future__ import annotations
 from rpg_cli.cli.common import app
 
 # each module registers its commands on `app`: imported in the order `rpg --help` lists them
-from rpg_cli.cli import doctor, data, sweep, slurm, evaluate, report, runs, export  # noqa: F401
+from rpg_cli.cli import doctor, data, check_loss, sweep, slurm, evaluate, report, runs, export  # noqa: F401
 
 __all__ = ["app"]

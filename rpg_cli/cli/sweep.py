@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import typer
 
+from rpg_cli.algorithms.table import algorithm
 from rpg_cli.cli.common import db_option, error_line, fail, make_console, rpg_command, status_text, warn
 from rpg_cli.watch import STALL_FACTOR, STALL_FLOOR_S
 
@@ -183,7 +184,9 @@ def _print_sweep_plan(plans: list, states: dict[str, str], retry_failed: bool) -
         table.add_column(column, no_wrap=column != "name", justify="right" if column.endswith("B") else "left")
     for p in plans:
         clip = p.spec["clip"]
-        clip_text = f"{clip['eps_low']:g}/{clip['eps_high']:g} c={clip['c']:g}" if clip else "off"
+        clip_text = f"{clip['eps_low']:g}/{clip['eps_high']:g}" if clip else "off"
+        if clip and algorithm(p.spec["algorithm"]).takes("clip.c"):  # the dual clip's bound, where it has one
+            clip_text += f" c={clip['c']:g}"
         table.add_row(
             p.name,
             p.id,

@@ -481,9 +481,11 @@ def _running(pid: int) -> bool:
         return False
 
 
-def stop_node(job_id: str, grace_s: float = 5.0) -> int:
+def stop_node(job_id: str, grace_s: float = 2.0) -> int:
     """End this job's Ray processes on this node: those of the user whose environment carries
-    RPG_SLURM_RAY=<job id> (`ray stop` would end every Ray of the user, another job's too); returns how many."""
+    RPG_SLURM_RAY=<job id> (`ray stop` would end every Ray of the user, another job's too); returns how many.
+    SIGKILL follows SIGTERM after `grace_s`: a Ray node drains for up to 30 s on SIGTERM, and the job's own
+    cleanup after it (its Ray temp dir) must fit in Slurm's KillWait (the state of every run is in the store)."""
     import contextlib
 
     import psutil

@@ -8,25 +8,27 @@ from collections import defaultdict
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
+from rpg_cli.algorithms import table
+
 if TYPE_CHECKING:
     from rpg_cli.store import RunRecord
 
-BASE_METHOD_NAMES = {
-    "grpo": "GRPO",
-    "dapo": "DAPO",
-    "reinforce_pp": "REINFORCE++",
-    "reinforce_pp_baseline": "REINFORCE++-Baseline",
-}
-# Rows appear in the paper's order: baselines, then RPG and RPG-REINFORCE by KL variant.
-METHOD_ORDER = [
-    "GRPO",
-    "GRPO-Corrected",
-    "DAPO",
-    "REINFORCE++",
-    "REINFORCE++-Baseline",
-    *(f"RPG-{kl}" for kl in ("FKL", "RKL", "UFKL", "URKL")),
-    *(f"RPG-REINFORCE-{kl}" for kl in ("FKL", "RKL", "UFKL", "URKL")),
-]
+
+def _method_order() -> list[str]:
+    """Rows in the table's order (`rpg_cli.algorithms.table`): the paper's methods (GRPO-Corrected after GRPO, RPG
+    and RPG-REINFORCE by KL variant), then today's baselines; a custom loss (named by its function) comes last."""
+    order = []
+    for alg in table.ALGORITHMS.values():
+        if "{loss}" in alg.display:
+            continue
+        kls = table.KL_VARIANTS if "{kl}" in alg.display else ("",)
+        order += [alg.display.format(kl=kl.upper()) for kl in kls]
+        if alg.takes("kl_correction"):
+            order.append(f"{order[-1]}-Corrected")
+    return order
+
+
+METHOD_ORDER = _method_order()
 CONTEXT_ORDER = {"2K": 0, "4K": 1, "8K": 2}
 # Spec fields that never name a method: they group rows (model, context), are averaged over (seed)
 # or say where/how a run ran, not what it computed.
@@ -37,14 +39,34 @@ BENCHMARK_ORDER = {"aime24": 0, "aime25": 1, "amc23": 2, "minerva_math": 3, "oly
 
 
 def method_base(spec: dict[str, Any]) -> str:
-    """The paper's name of the algorithm a spec runs: GRPO, DAPO, RPG-UFKL, RPG-REINFORCE-URKL, ..."""
-    alg = spec.get("algorithm", "?")
-    if alg == "grpo" and spec.get("kl_correction"):
-        return "GRPO-Corrected"
-    if alg in BASE_METHOD_NAMES:
-        return BASE_METHOD_NAMES[alg]
-    kl = str(spec.get("kl", "")).upper()
-    return {"rpg": f"RPG-{kl}", "rpg_reinforce": f"RPG-REINFORCE-{kl}"}.get(alg, str(alg))
+    """The name of the algorithm a spec runs, the paper's where it has one (GRPO, DAPO, RPG-UFKL,
+    RPG-REINFORCE-URKL), the table's for the rest (GSPO, SAPO), a custom loss's function name; with what sets the
+    run apart from the method as published in parentheses: GRPO's exact k3 (the paper ran it clamped), a rollout
+    correction (`GRPO (exact k3, TIS token 2)`)."""
+    alg = table.ALGORITHMS.get(str(spec.get("algorithm", "?")))
+    if alg is None:
+        return str(spec.get("algorithm", "?"))
+    name = alg.method_name(spec)
+    if alg.takes("kl_correction") and spec.get("kl_correction"):
+        name += "-Corrected"
+    notes = []
+    if alg.takes("kl_clamp") and spec.get("kl_clamp") is False:
+        notes.append("exact k3")
+    if isinstance(spec.get("rollout_correction"), dict):
+        notes.append(rollout_correction_name(spec["rollout_correction"]))
+    return f"{name} ({', '.join(notes)})" if notes else name
+
+
+def rollout_correction_name(block: dict[str, Any]) -> str:
+    """verl's rollout correction in a few words: `TIS token 2` (weights truncated at 2), `RS seq_mean_k3 0.01`,
+    both joined by a comma."""
+    parts = []
+    if block.get("rollout_is"):
+        normalized = " normalized" if block.get("rollout_is_batch_normalize") else ""
+        parts.append(f"TIS {block['rollout_is']} {_num(block.get('rollout_is_threshold'))}{normalized}")
+    if block.get("rollout_rs"):
+        parts.append(f"RS {block['rollout_rs']} {_num(block.get('rollout_rs_threshold'))}")
+    return ", ".join(parts) or "rollout correction"
 
 
 def model_name(spec: dict[str, Any]) -> str:
@@ -102,8 +124,17 @@ def method_labels(specs: dict[str, dict[str, Any]]) -> dict[str, str]:
         varying.sort(key=lambda k: ({"clip": 0, "optimizer": 1}.get(k, 2), k))
         for run_id, f in zip(ids, fields):
             parts = [_variant_text(k, f.get(k), [g.get(k) for g in fields]) for k in varying]
-            labels[run_id] = f"{base} ({', '.join(parts)})" if parts else base
+            labels[run_id] = _with_notes(base, parts)
     return labels
+
+
+def _with_notes(base: str, notes: list[str]) -> str:
+    """`base (notes)`, the notes joined to a base's own: GRPO (exact k3) + AdamW -> GRPO (exact k3, AdamW)."""
+    if not notes:
+        return base
+    if base.endswith(")") and " (" in base:
+        return f"{base[:-1]}, {', '.join(notes)})"
+    return f"{base} ({', '.join(notes)})"
 
 
 def method_sort_key(label: str) -> tuple[int, str]:

@@ -1,7 +1,10 @@
 """Typed experiment specs: one run (`ExperimentSpec`) and a grid of runs (`SweepSpec`).
 
     errors      SpecError, and pydantic's errors as one line
-    models      ExperimentSpec and its parts, contexts, the verl block, the canonical spec and run id
+    models      ExperimentSpec and its parts, contexts, the canonical spec and run id
+    algorithm_blocks  the algorithm's blocks: clip, KL loss, SAPO's gate, a custom loss, rollout correction
+    algorithm_rules   the algorithm table as spec rules: defaults, what each algorithm takes, collapsing axes
+    verl_block  the `verl` block: overrides, site settings, env
     reference   ReferenceTracker: when pi_ref is reset, one schedule for both backends
     sweep       SweepSpec and its expansion (include/exclude, collapsing axes)
     loading     YAML files: load_spec, load_sweep

@@ -1,6 +1,7 @@
-"""The typed models of one run: `ExperimentSpec` and its parts (clip, reference, data, validation,
-rollout, DAPO's tricks, KL loss, contexts, the `verl` block, resources, trackers), and the canonical
-spec and run id derived from it.
+"""The typed models of one run: `ExperimentSpec` and its parts (reference, data, validation, rollout, DAPO's
+tricks, contexts, resources, the watchdog, trackers; the algorithm's blocks are in `algorithm_blocks.py`, the
+`verl` block in `verl_block.py`), and the canonical spec and run id derived from it. What each algorithm takes
+is the algorithm table's (`rpg_cli.algorithms.table`), applied by `algorithm_rules.py`.
 """
 
 from __future__ import annotations
@@ -21,8 +22,20 @@ from pydantic import (
 )
 
 from rpg_cli import watch as watchdog
-from rpg_cli.algorithms.defaults import CLIP_C, OVERLONG_BUFFER, OVERLONG_PENALTY_FACTOR
+from rpg_cli.algorithms import table
+from rpg_cli.algorithms.defaults import OVERLONG_BUFFER, OVERLONG_PENALTY_FACTOR
 from rpg_cli.benchmarks import SCORERS
+from rpg_cli.spec import algorithm_rules
+from rpg_cli.spec.algorithm_blocks import (
+    Clip,
+    KLLoss,
+    LossSettings,
+    LossSource,
+    LossTarget,
+    RolloutCorrection,
+    Sapo,
+    with_loss_source,
+)
 from rpg_cli.spec.errors import SpecError, _model_in, _num
 from rpg_cli.spec.frozen import _Frozen
 from rpg_cli.spec.verl_block import Verl
@@ -31,25 +44,19 @@ from rpg_cli.trackers import TRACKERS
 if TYPE_CHECKING:
     from pydantic.fields import FieldInfo
 
-Algorithm = Literal["grpo", "dapo", "reinforce_pp", "reinforce_pp_baseline", "rpg", "rpg_reinforce"]
-KLVariant = Literal["fkl", "rkl", "ufkl", "urkl", "none"]
+# built from the table when this module is imported: an entry added to table.ALGORITHMS before is a spec algorithm
+Algorithm = Literal[tuple(table.ALGORITHMS)]
+KLVariant = Literal[(*table.KL_VARIANTS, "none")]
+Advantage = Literal[tuple(table.ADVANTAGES)]
 Context = Literal["2k", "4k", "8k"]
 Optimizer = Literal["adamw", "schedule_free"]
 LossAggMode = Literal["token-mean", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm"]
-
-RPG_ALGORITHMS = ("rpg", "rpg_reinforce")
-DAPO_TRICKS = ("dynamic_sampling", "overlong")  # DAPO's, allowed on every algorithm
-KL_VARIANTS = ("fkl", "rkl", "ufkl", "urkl")
 
 # context "Nk" -> (max_prompt_length, max_response_length) = (N x 1024, N x 1024): the paper's "maximum
 # training and rollout length 4,096 tokens for a 2K context length and 8,192 for a 4K", the released
 # scripts' 2048 + 2048. The only place these numbers live.
 CONTEXT_LENGTHS: dict[str, tuple[int, int]] = {"2k": (2048, 2048), "4k": (4096, 4096), "8k": (8192, 8192)}
 MAX_CONTEXT_TOKENS = 1_048_576  # an explicit budget's bound: far above any model, below a typo
-# KL-loss estimators of the PPO-family runs (MATH.md section 4); verl's names: kl, mse, low_var_kl.
-KLLossEstimator = Literal["k1", "k2", "k3"]
-# algorithms whose loss is PPO's without a KL term of its own, so that a KL loss can be added
-KL_LOSS_ALGORITHMS = ("reinforce_pp", "reinforce_pp_baseline")
 
 
 # Bounds of sizes whose data is not known where the spec is read (inputs.py checks them against the data):
@@ -61,13 +68,6 @@ MAX_ROLLOUTS = 4096
 
 # ---------------------------------------------------------------------------------------------
 # The models
-
-
-class Clip(_Frozen):
-    eps_low: float = Field(gt=0, lt=1)  # the ratio's lower bound 1 - eps_low must stay positive
-    eps_high: float = Field(gt=0, lt=1)
-    c: float = Field(CLIP_C, gt=1)  # dual-clip bound for negative advantages (paper gives none; reference code: 10)
-    clipped_weight_in_sg: bool = False  # Remark F.2: the clipped weight inside stop-gradient
 
 
 DEFAULT_KL_EMA = 0.1  # rpg's choice (the paper gives none): the average forgets over about 10 steps
@@ -142,14 +142,6 @@ class Overlong(_Frozen):
 
     buffer: int = Field(OVERLONG_BUFFER, ge=1)  # tokens before the response budget where the penalty starts
     penalty_factor: float = Field(OVERLONG_PENALTY_FACTOR, ge=0)
-
-
-class KLLoss(_Frozen):
-    """A KL loss toward the run's reference, added to the policy loss (MATH.md section 4): REINFORCE++ as the
-    released scripts ran it (k1, 1e-4, toward the iterative reference pi_old)."""
-
-    estimator: KLLossEstimator
-    coef: float = Field(gt=0)
 
 
 class ContextTokens(_Frozen):
@@ -337,7 +329,19 @@ Reference = Annotated[Every | Literal["iterative", "frozen"], BeforeValidator(_r
 # (dotted: a field of a block), the run id ignores them.
 NOT_IN_RUN_ID = ("trackers", "verl.site", "verl.env", "checkpoints", "resources.gpu_memory_gib", "watch")
 # Added after run ids were published: left out of the canonical spec while empty, so older ids stand.
-OMITTED_WHEN_EMPTY = ("chat_template_kwargs", "scorers", "verl")
+OMITTED_WHEN_EMPTY = (
+    "chat_template_kwargs",
+    "scorers",
+    "verl",
+    "sapo",
+    "loss",
+    "loss_settings",
+    "loss_source",
+    "advantage",
+    "rollout_correction",
+)
+# a researcher's own mapping: empty only when it holds no key ({x: null} is a setting)
+_FREE_FORM = ("loss_settings",)
 
 
 def without_empty(spec: dict[str, Any]) -> dict[str, Any]:
@@ -349,7 +353,10 @@ def without_empty(spec: dict[str, Any]) -> dict[str, Any]:
             return all(empty(v) for v in value.values())
         return value is None or value == "" or value == []
 
-    return {k: v for k, v in spec.items() if k not in OMITTED_WHEN_EMPTY or not empty(v)}
+    def omitted(key: str, value: Any) -> bool:
+        return key in OMITTED_WHEN_EMPTY and (value in (None, {}) if key in _FREE_FORM else empty(value))
+
+    return {k: v for k, v in spec.items() if not omitted(k, v)}
 
 
 def run_identity(spec: dict[str, Any]) -> dict[str, Any]:
@@ -370,11 +377,19 @@ class ExperimentSpec(_Frozen):
 
     algorithm: Algorithm
     kl: KLVariant = "none"
-    kl_correction: bool = False  # grpo only: weight GRPO's k3 term by w (loss `grpo_corrected`)
-    kl_clamp: bool = True  # grpo only: its k3 as verl's low_var_kl (clamped), as the paper ran it; false: exact
-    kl_loss: KLLoss | None = None  # reinforce_pp(_baseline) only: a KL loss toward the reference
+    # Which algorithm takes which of the fields up to `advantage` is the table's (table.NEUTRAL, `applies`)
+    kl_correction: bool = False  # grpo: weight GRPO's k3 term by w (loss `grpo_corrected`)
+    kl_clamp: bool = True  # grpo: its k3 as verl's low_var_kl (clamped), as the paper ran it; false: exact
+    kl_loss: KLLoss | None = None  # PPO-family losses without a KL term of their own: a KL loss toward the reference
     beta: float = Field(ge=0)
     clip: ClipSetting
+    sapo: Sapo | None = None  # sapo: its gate's temperatures (the table's default: {})
+    loss: LossTarget | None = None  # custom: package.module:function, called per token (MATH.md section 11)
+    loss_settings: LossSettings = Field(default_factory=dict)  # custom: handed to the loss as `settings`
+    loss_source: LossSource | None = None  # custom: the hash of the loss module's source, filled in (in the run id)
+    advantage: Advantage | None = None  # custom: its advantage estimator (the table's default: grpo)
+    # verl's algorithm.rollout_correction (MATH.md section 10), on every algorithm
+    rollout_correction: RolloutCorrection | None = None
     optimizer: Optimizer
     context: Context | ContextTokens
     reference: Reference = "iterative"
@@ -414,47 +429,16 @@ class ExperimentSpec(_Frozen):
 
     @model_validator(mode="before")
     @classmethod
-    def _dapo_defaults(cls, data: Any) -> Any:
-        # dapo has its tricks unless a spec turns them off; the canonical spec (and run id) spells them out
-        if isinstance(data, dict) and data.get("algorithm") == "dapo":
-            data = {**{trick: {} for trick in DAPO_TRICKS}, **data}
-        return data
+    def _table_defaults(cls, data: Any) -> Any:
+        # the algorithm's defaults (dapo's tricks, gspo's clip, ...) where the spec gives none, and a custom loss's
+        # source hash; the canonical spec (and run id) spells them out
+        data = algorithm_rules.with_defaults(data)
+        alg = algorithm_rules.entry(data.get("algorithm")) if isinstance(data, dict) else None
+        return with_loss_source(data, takes_loss=alg is not None and alg.takes("loss"))
 
     @model_validator(mode="after")
     def _combinations(self) -> ExperimentSpec:
-        alg = self.algorithm
-        if alg in RPG_ALGORITHMS and self.kl == "none":
-            raise SpecError(f"{alg} needs a KL variant; allowed: {', '.join(KL_VARIANTS)}", "kl")
-        if alg not in RPG_ALGORITHMS and self.kl != "none":
-            raise SpecError(
-                f"{alg} has no KL variant (got {self.kl!r}); allowed: none "
-                f"({', '.join(KL_VARIANTS)} exist for {' and '.join(RPG_ALGORITHMS)} only)",
-                "kl",
-            )
-        if self.kl_correction and alg != "grpo":
-            raise SpecError(f"only grpo has a KL correction (got {alg}); allowed: false", "kl_correction")
-        if not self.kl_clamp and alg != "grpo":
-            raise SpecError(f"only grpo clamps its KL term (got {alg}); allowed: true", "kl_clamp")
-        if self.kl_loss is not None and alg not in KL_LOSS_ALGORITHMS:
-            why = "has its KL term in the loss already (beta)" if alg != "dapo" else "has no KL term"
-            raise SpecError(f"{alg} {why}; allowed: null (a KL loss is for {', '.join(KL_LOSS_ALGORITHMS)})", "kl_loss")
-        if self.clip is not None and self.clip.clipped_weight_in_sg and alg != "rpg_reinforce":
-            raise SpecError(
-                f"the clipped weight inside stop-gradient (Remark F.2) is rpg_reinforce's (got {alg}); allowed: false",
-                "clip.clipped_weight_in_sg",
-            )
-        if self.clip is None and alg not in RPG_ALGORITHMS:
-            raise SpecError(
-                f"{alg} needs a clip; allowed: {{eps_low, eps_high, c}} (off only for rpg, rpg_reinforce)", "clip"
-            )
-        if alg == "dapo" and self.beta != 0:
-            raise SpecError(f"dapo has no KL term (got {self.beta!r}); allowed: 0", "beta")
-        if alg == "dapo" and self.reference != "iterative":
-            raise SpecError(
-                f"dapo has no KL term, so no reference model (got {self.reference!r}); "
-                "allowed: iterative (the default, which loads nothing)",
-                "reference",
-            )
+        algorithm_rules.check(self)  # what the algorithm takes: the table's
         if self.backend != "verl" and self.verl != Verl():
             raise SpecError(
                 f"verl settings have no effect on the {self.backend} backend; allowed: {{}} (or backend verl)", "verl"
@@ -488,26 +472,21 @@ class ExperimentSpec(_Frozen):
         return context_lengths(self.context)[1]
 
     @property
+    def entry(self) -> table.Algorithm:
+        """The algorithm table's entry of this run's algorithm."""
+        return table.algorithm(self.algorithm)
+
+    @property
     def loss_name(self) -> str:
-        """The `rpg_cli.algorithms.losses.policy_loss` name of this run."""
-        if self.algorithm == "rpg":
-            return f"rpg_{self.kl}"
-        if self.algorithm == "rpg_reinforce":
-            return f"rpg_reinforce_{self.kl}"
-        if self.algorithm == "grpo":
-            return "grpo_corrected" if self.kl_correction else "grpo"
-        return "ppo"
+        """The `rpg_cli.algorithms.losses.policy_loss` name of this run (the table's; "custom" for a custom loss)."""
+        name = self.entry.loss_name(self.kl)
+        return f"{name}_corrected" if self.kl_correction else name  # only grpo takes kl_correction
 
     @property
     def advantage_estimator(self) -> str:
-        return {
-            "grpo": "grpo",
-            "dapo": "grpo",
-            "rpg": "rpg",
-            "rpg_reinforce": "rpg",
-            "reinforce_pp": "reinforce_pp",
-            "reinforce_pp_baseline": "reinforce_pp_baseline",
-        }[self.algorithm]
+        """A key of table.ADVANTAGES: the spec's `advantage` where the algorithm takes one (custom), else the table's
+        estimator."""
+        return self.advantage if self.entry.takes("advantage") and self.advantage else self.entry.advantage
 
     def canonical(self) -> dict[str, Any]:
         """The JSON-ready spec, defaults included: what spec.json holds (the run id hashes canonical_json)."""
@@ -535,13 +514,16 @@ class ExperimentSpec(_Frozen):
 def _label(spec: dict[str, Any]) -> str:
     """The readable part of a run name, from a (possibly not yet valid) spec dict."""
     alg = spec.get("algorithm", "?")
+    entry = algorithm_rules.entry(alg)
     parts = [f"{alg}_corrected" if alg == "grpo" and spec.get("kl_correction") is True else str(alg)]
+    if entry is not None and entry.takes("loss") and isinstance(spec.get("loss"), str):
+        parts.append(spec["loss"].rpartition(":")[2])  # custom-<function name>-...
     if spec.get("kl") not in (None, "none"):
         parts.append(str(spec["kl"]))
     clip = spec.get("clip")
     if isinstance(clip, dict):
         parts.append(f"clip{_num(clip.get('eps_low'))}_{_num(clip.get('eps_high'))}")
-    elif clip is None and "clip" in spec and alg in RPG_ALGORITHMS:
+    elif clip is None and "clip" in spec and entry is not None and entry.clip == "optional":
         parts.append("noclip")
     parts += [str(spec["optimizer"])] if "optimizer" in spec else []
     parts += [_context_part(spec["context"])] if "context" in spec else []

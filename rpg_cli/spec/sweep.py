@@ -17,10 +17,9 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, TypeAdapter, ValidationError, field_validator
 
 from rpg_cli.rundir import reserved_name
+from rpg_cli.spec import algorithm_rules
 from rpg_cli.spec.errors import SpecError, _from_pydantic, _validate
 from rpg_cli.spec.models import (
-    KL_LOSS_ALGORITHMS,
-    RPG_ALGORITHMS,
     ExperimentSpec,
     _clip_off,
     _field_info,
@@ -196,35 +195,13 @@ def _overlay(old: Any, new: Any) -> Any:
 
 
 def _collapse(data: dict[str, Any], keep: Any = lambda path: False) -> dict[str, Any]:
-    """Fields that do not apply to a cell's algorithm take their neutral value, so e.g. a kl axis
-    crossed with `grpo` yields one grpo run, not four (identical cells are merged by run id). Fields
-    `keep(path)` names (written explicitly) stay as they are, for validation to reject."""
-    alg = data.get("algorithm")
-
-    def neutral(path: str, value: Any) -> None:
-        if path in data and not keep(path):
-            data[path] = value
-
-    if alg not in RPG_ALGORITHMS:
-        neutral("kl", "none")
-    if alg != "grpo":
-        neutral("kl_correction", False)
-        neutral("kl_clamp", True)
-    if alg not in KL_LOSS_ALGORITHMS:
-        neutral("kl_loss", None)
-    clip = data.get("clip")
-    if (
-        alg != "rpg_reinforce"
-        and isinstance(clip, dict)
-        and "clipped_weight_in_sg" in clip
-        and not keep("clip.clipped_weight_in_sg")
-    ):
-        data["clip"] = {k: v for k, v in clip.items() if k != "clipped_weight_in_sg"}
-    if alg == "dapo":
-        neutral("beta", 0.0)
-        neutral("reference", "iterative")
-    if data.get("backend") == "local":
-        neutral("verl", {})
+    """Fields that do not apply to a cell's algorithm take their neutral value (the algorithm table's rules,
+    `algorithm_rules.collapse`), so e.g. a kl axis crossed with `grpo` yields one grpo run, not four
+    (identical cells are merged by run id); verl settings on the local backend likewise. Fields `keep(path)`
+    names (written explicitly) stay as they are, for validation to reject."""
+    data = algorithm_rules.collapse(data, keep)
+    if data.get("backend") == "local" and "verl" in data and not keep("verl"):
+        data["verl"] = {}
     return data
 
 

@@ -13,6 +13,7 @@ import errno
 import json
 import logging
 import os
+import random
 import sqlite3
 import stat
 import time
@@ -825,6 +826,23 @@ def open_store(db_url: str = DEFAULT_DB_URL, create: bool = True) -> Store:
                 f"the results database {path} is read-only (it or its directory); make it writable, or pass --db PATH"
             )
         read_only = not writable
+    # SQLite answers "database is locked" at once, busy timeout or not, where waiting could deadlock (two processes
+    # creating one file together, as two `rpg sweep` of one grid do): the open is idempotent, so it starts over
+    deadline = time.monotonic() + SQLITE_BUSY_TIMEOUT_S
+    while True:
+        try:
+            return _open(url, shown, path, read_only, create)
+        except _Locked as locked:
+            if time.monotonic() > deadline:
+                raise StoreError(str(locked)) from None
+            time.sleep(random.uniform(0.05, 0.2))
+
+
+class _Locked(Exception):
+    """SQLite's "database is locked" while opening (open_store tries again)."""
+
+
+def _open(url: str, shown: str, path: str | None, read_only: bool, create: bool) -> Store:
     engine = _engine(url, shown, path, read_only)
     if path is not None:
         _configure_sqlite(engine, journal=create)
@@ -848,6 +866,8 @@ def open_store(db_url: str = DEFAULT_DB_URL, create: bool = True) -> Store:
                 migrations.migrate(conn, store.t)
     except sa.exc.DBAPIError as exc:
         engine.dispose()
+        if path is not None and "database is locked" in str(exc.orig):
+            raise _Locked(_unusable(exc, path, shown)) from None
         raise StoreError(_unusable(exc, path, shown)) from None
     except BaseException:
         engine.dispose()

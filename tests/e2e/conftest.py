@@ -100,7 +100,8 @@ def workdir(tmp_path_factory) -> Path:
       job kills itself right after the checkpoint of step 4 (once), to be resumed;
     - grpo: GRPO as published (frozen reference, clamped k3); its job's entrypoint gets SIGTERM in the middle of
       step 1 (a preemption), so it stops after step 1 with a checkpoint and the next sweep resumes it at step 2;
-    - dapo: DAPO (dynamic sampling and overlong shaping, its buffer 12 of the 16 response tokens, so it acts).
+    - dapo: DAPO (dynamic sampling and overlong shaping, its buffer 12 of the 16 response tokens, so it acts),
+      with verl's rollout correction (token-level importance weights pi_old/pi_vLLM, truncated at 2).
 
     `control.yaml`: RPG-REINFORCE whose vLLM never takes the trained weights (the control of the sync check), with
     a k3 bound for fp32 that the watchdog stops it by.
@@ -147,7 +148,13 @@ def workdir(tmp_path_factory) -> Path:
                 "reference": "frozen",
                 "verl": {"site": SITE, "env": {**STAND_INS, "RPG_E2E_SIGTERM_IN_STEP": "1"}},
             },
-            {"algorithm": "dapo", "beta": 0.0, "clip": {"eps_low": 0.2, "eps_high": 0.28}, "overlong": {"buffer": 12}},
+            {
+                "algorithm": "dapo",
+                "beta": 0.0,
+                "clip": {"eps_low": 0.2, "eps_high": 0.28},
+                "overlong": {"buffer": 12},
+                "rollout_correction": {"rollout_is": "token", "rollout_is_threshold": 2.0},
+            },
         ],
     }
     control = {

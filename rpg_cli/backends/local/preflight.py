@@ -14,6 +14,7 @@ from pathlib import Path
 
 from pydantic import ValidationError
 
+from rpg_cli import custom_loss
 from rpg_cli.inputs import check_run
 from rpg_cli.spec import ExperimentSpec, SpecError
 
@@ -77,6 +78,8 @@ def check(spec_path: Path) -> Plan:
             else "the local backend samples with transformers"
         )
         notes.append(f"rollout.engine vllm: {why}; sampling with transformers (hf) instead")
+    if why := custom_loss.not_found(spec.loss):  # the spec's own function: found here, not executed yet
+        raise BackendError(f"loss: {why}")
     for finding in check_run(spec):  # data files, model, prompts against the model's positions
         if finding.error:
             raise BackendError(str(finding))

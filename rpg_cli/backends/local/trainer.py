@@ -21,6 +21,13 @@ inside the update; rollouts, old log-probs, validation and checkpoints use eval 
 so the policy that samples is the one that is saved. Dropout is off throughout (the module stays in
 `eval()`), as in verl's actor, so pi_theta equals pi_old at the first mini-batch.
 
+The algorithm is read from its entry in `rpg_cli.algorithms.table`: its advantage estimator (`ADVANTAGE_FUNCTIONS`),
+where beta goes (`beta_in`: "reward" folds beta * k1 into each response's reward, as verl's use_kl_in_reward does),
+and its loss, `policy_loss(spec.loss_name, ...)`, or for `algorithm: custom` the spec's own function through
+`custom_policy_loss` (MATH.md section 11). Rollout correction (MATH.md section 10) is accepted and changes nothing
+here: rollout and training log-probs come from the same model in the same process, so every importance weight is
+exactly 1 and no token is rejected.
+
 Determinism: the spec's seed seeds what the model's initialisation may draw, every step reseeds torch
 from (seed, step), and prompts come from a pure function of (seed, generation-batch counter), so a run
 resumed from step N's checkpoint repeats, on CPU, exactly what an uninterrupted run computes after step N.
@@ -33,11 +40,12 @@ import random
 import re
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
 
-from rpg_cli import rundir
+from rpg_cli import custom_loss, rundir
 from rpg_cli.algorithms import advantages as adv
 from rpg_cli.algorithms import aggregate, kl_penalty_loss, policy_loss
 from rpg_cli.algorithms.kl import reference_kl
@@ -85,6 +93,29 @@ def step_seed(seed: int, step: int) -> int:
     return seed * 1_000_003 + step
 
 
+@dataclass(frozen=True)
+class AdvantageInputs:
+    """What an advantage estimator reads of a step (MATH.md section 4)."""
+
+    rewards: torch.Tensor  # one per response, net of any KL-in-reward penalty
+    scores: torch.Tensor  # one per response, before it (REINFORCE++ folds the penalty in per token itself)
+    group: torch.Tensor  # the prompt each response answers
+    mask: torch.Tensor  # the response tokens
+    old_log_prob: torch.Tensor
+    ref_log_prob: torch.Tensor  # pi_old's own for the iterative reference (a penalty of 0)
+    beta: float  # the KL-in-reward coefficient (0 unless the algorithm's beta is in the reward)
+
+
+# rpg's advantage estimators (the keys of rpg_cli.algorithms.table.ADVANTAGES) -> per-token advantages
+ADVANTAGE_FUNCTIONS: dict[str, Callable[[AdvantageInputs], torch.Tensor]] = {
+    "grpo": lambda x: adv.to_tokens(adv.grpo_advantage(x.rewards, x.group), x.mask),
+    "rpg": lambda x: adv.to_tokens(adv.rpg_advantage(x.rewards, x.group), x.mask),
+    "rloo": lambda x: adv.to_tokens(adv.rloo_advantage(x.rewards, x.group), x.mask),
+    "reinforce_pp": lambda x: adv.reinforce_pp_advantage(x.scores, x.mask, x.old_log_prob, x.ref_log_prob, x.beta),
+    "reinforce_pp_baseline": lambda x: adv.reinforce_pp_baseline_advantage(x.rewards, x.group, x.mask),
+}
+
+
 @dataclass
 class Batch:
     """One step's training data: rollouts with their problems, scores and shaped rewards."""
@@ -127,6 +158,12 @@ class Trainer:
             else []
         )
         self.optimizer = make_optimizer(spec, self.model)
+        self.custom = None  # the spec's own loss function (algorithm: custom)
+        if spec.loss_name == custom_loss.CUSTOM_LOSS_NAME:
+            try:
+                self.custom = custom_loss.load(spec.loss)
+            except ValueError as e:
+                raise BackendError(f"loss: {e}") from None
         self.ref_model = None
         self.reference = ReferenceTracker(spec.reference)  # when pi_ref is reset, and the ref/* metrics
         if spec.reference != "iterative":  # frozen, or reset now and then: starts as the initial model
@@ -233,11 +270,7 @@ class Trainer:
         t = time.perf_counter()
         rewards = batch.rewards
         extra: dict[str, float] = {}
-        if (
-            spec.advantage_estimator in ("reinforce_pp", "reinforce_pp_baseline")
-            and spec.beta
-            and ref_log_prob is not None
-        ):
+        if self.beta_in_reward and ref_log_prob is not None:
             # KL in the reward (verl's use_kl_in_reward): R - beta * sum of the per-token k1 penalties
             k1 = adv.reward_kl_penalty(old_log_prob, ref_log_prob, r.response_mask)
             extra["actor/reward_kl_penalty"] = float(k1.sum() / r.response_mask.sum())
@@ -309,32 +342,37 @@ class Trainer:
             )
         return Batch(r, scores, acc, rewards, generated)
 
+    @property
+    def beta_in_reward(self) -> bool:
+        """Whether beta weighs a k1 penalty folded into the reward (the table's `beta_in`), not a loss term."""
+        return self.spec.entry.beta_in == "reward" and self.spec.beta > 0
+
     def advantages(
         self, batch: Batch, rewards: torch.Tensor, old_log_prob: torch.Tensor, ref_log_prob: torch.Tensor | None
     ) -> torch.Tensor:
-        """The spec's advantages of `rewards` (REINFORCE++: the batch's rewards with the per-token k1 penalty
-        folded in along the response; the others: one reward per response, net of any KL penalty)."""
+        """The spec's advantages (`ADVANTAGE_FUNCTIONS[spec.advantage_estimator]`) of `rewards`, one per response
+        net of any KL penalty; REINFORCE++ folds the per-token k1 penalty into the batch's scores itself."""
         spec, r = self.spec, batch.rollouts
-        mask, group = r.response_mask, r.group
-        rewards = rewards.to(self.device)
-        estimator = spec.advantage_estimator
-        if estimator == "grpo":
-            return adv.to_tokens(adv.grpo_advantage(rewards, group), mask)
-        if estimator == "rpg":
-            return adv.to_tokens(adv.rpg_advantage(rewards, group), mask)
-        if estimator == "reinforce_pp":
-            ref = ref_log_prob if ref_log_prob is not None else old_log_prob
-            return adv.reinforce_pp_advantage(batch.rewards.to(self.device), mask, old_log_prob, ref, spec.beta)
-        if estimator == "reinforce_pp_baseline":
-            return adv.reinforce_pp_baseline_advantage(rewards, group, mask)
-        raise BackendError(f"advantage estimator {estimator!r} is not supported by the local backend")
+        estimator = ADVANTAGE_FUNCTIONS.get(spec.advantage_estimator)
+        if estimator is None:
+            raise BackendError(
+                f"advantage estimator {spec.advantage_estimator!r} is not supported by the local backend; "
+                f"allowed: {', '.join(ADVANTAGE_FUNCTIONS)}"
+            )
+        inputs = AdvantageInputs(
+            rewards=rewards.to(self.device),
+            scores=batch.rewards.to(self.device),
+            group=r.group,
+            mask=r.response_mask,
+            old_log_prob=old_log_prob,
+            ref_log_prob=ref_log_prob if ref_log_prob is not None else old_log_prob,
+            beta=spec.beta if self.beta_in_reward else 0.0,
+        )
+        return estimator(inputs)
 
     def update(self, step: int, r: Rollouts, old_log_prob, ref_log_prob, advantages) -> dict[str, float]:
         """ppo_epochs passes over mini-batches of ppo_mini_batch_size prompts, one optimizer step each."""
         spec = self.spec
-        clip = spec.clip
-        # an unclipped run leaves the bounds to the loss's defaults (unused without a clip)
-        bounds = dict(eps_low=clip.eps_low, eps_high=clip.eps_high, clip_c=clip.c) if clip else {}
         mini = spec.ppo_mini_batch_size * spec.rollout_n
         lr = spec.lr
         if spec.optimizer == "adamw" and spec.lr_warmup_steps:
@@ -357,31 +395,28 @@ class Trainer:
                         entropy_grad=bool(spec.entropy_coeff),
                         autocast=self.device.type == "cuda",
                     )
-                    loss, m = policy_loss(
-                        spec.loss_name,
+                    tensors = self.normalised_width(
+                        r,
                         log_prob=log_prob,
                         old_log_prob=old_log_prob[micro],
                         advantages=advantages[micro],
                         response_mask=part.response_mask,
                         ref_log_prob=None if ref_log_prob is None else ref_log_prob[micro],
-                        beta=spec.beta,
-                        clip=clip is not None,
-                        **bounds,
-                        loss_agg_mode=spec.loss_agg_mode,
-                        clipped_weight=bool(clip and clip.clipped_weight_in_sg),
-                        kl_clamp=spec.kl_clamp,
+                        entropy=entropy,
                     )
-                    entropy_mean = aggregate(entropy, part.response_mask.bool(), spec.loss_agg_mode)
+                    entropy, mask = tensors.pop("entropy"), tensors["response_mask"]
+                    loss, m = self.policy_loss(**tensors)
+                    entropy_mean = aggregate(entropy, mask.bool(), spec.loss_agg_mode)
                     if spec.entropy_coeff:
                         loss = loss - spec.entropy_coeff * entropy_mean
                     kl_loss = None
                     if spec.kl_loss is not None:  # toward the frozen model, or pi_old for the iterative reference
-                        reference = old_log_prob[micro] if ref_log_prob is None else ref_log_prob[micro]
+                        reference = tensors["ref_log_prob"]
                         kl_value = kl_penalty_loss(
                             spec.kl_loss.estimator,
-                            log_prob=log_prob,
-                            ref_log_prob=reference,
-                            response_mask=part.response_mask,
+                            log_prob=tensors["log_prob"],
+                            ref_log_prob=tensors["old_log_prob"] if reference is None else reference,
+                            response_mask=mask,
                             loss_agg_mode=spec.loss_agg_mode,
                         )
                         loss = loss + spec.kl_loss.coef * kl_value
@@ -398,6 +433,44 @@ class Trainer:
         out = {k: sum(v) / len(v) for k, v in sums.items()}
         out[LR] = lr
         return out
+
+    def normalised_width(self, r: Rollouts, **tensors: torch.Tensor | None) -> dict[str, torch.Tensor | None]:
+        """A micro-batch's per-token tensors, right-padded to the response budget under seq-mean-token-sum-norm:
+        Dr. GRPO divides each sequence's token sum by that constant (MATH.md section 9.1; verl's
+        `loss_scale_factor`, which rpg sets to it), and `aggregate` divides by the tensors' width. The padding is
+        masked out (every loss neutralises it); other modes are left as they are."""
+        budget = self.max_new_tokens(r)
+        width = tensors["response_mask"].shape[-1]
+        if self.spec.loss_agg_mode != "seq-mean-token-sum-norm" or width >= budget:
+            return tensors
+        pad = budget - width
+        return {k: None if v is None else torch.nn.functional.pad(v, (0, pad)) for k, v in tensors.items()}
+
+    def policy_loss(self, **tensors: torch.Tensor | None) -> tuple[torch.Tensor, dict[str, float]]:
+        """The spec's loss of one micro-batch and its metrics: `policy_loss(spec.loss_name, ...)` with the spec's clip,
+        beta and SAPO's temperatures, or the spec's own function (`custom_policy_loss`, with its settings)."""
+        spec = self.spec
+        if self.custom is not None:
+            from rpg_cli.algorithms.custom import custom_policy_loss
+
+            return custom_policy_loss(
+                self.custom, **tensors, settings=dict(spec.loss_settings), loss_agg_mode=spec.loss_agg_mode
+            )
+        clip = spec.clip
+        # an unclipped run leaves the bounds to the loss's defaults (unused without a clip)
+        bounds = dict(eps_low=clip.eps_low, eps_high=clip.eps_high, clip_c=clip.c) if clip else {}
+        taus = dict(tau_pos=spec.sapo.tau_pos, tau_neg=spec.sapo.tau_neg) if spec.sapo is not None else {}
+        return policy_loss(
+            spec.loss_name,
+            **tensors,
+            beta=spec.beta,
+            clip=clip is not None,
+            **bounds,
+            **taus,
+            loss_agg_mode=spec.loss_agg_mode,
+            clipped_weight=bool(clip and clip.clipped_weight_in_sg),
+            kl_clamp=spec.kl_clamp,
+        )
 
     def validate(self) -> dict[str, float]:
         """mean@k of accuracy (and score) per data source, k = val.n samples per problem."""

@@ -26,7 +26,8 @@ import verl
 from verl.trainer.ppo.core_algos import POLICY_LOSS_REGISTRY
 from rpg_cli.algorithms import LOSS_NAMES
 plugin = sys.argv[1]
-missing = [n for n in LOSS_NAMES if getattr(POLICY_LOSS_REGISTRY.get(n), "__module__", "") != plugin]
+from rpg_cli.backends.verl.launch import plugin_losses
+missing = [n for n in plugin_losses(LOSS_NAMES) if getattr(POLICY_LOSS_REGISTRY.get(n), "__module__", "") != plugin]
 if missing:
     sys.exit(print("missing:" + ",".join(missing)))
 if sys.argv[2:] == ["node"]:  # a node's check: verl's platform and the vLLM version, as this environment gives them

@@ -6,15 +6,26 @@ every key below exists in its `ppo_trainer.yaml` (or is added with `+`), which t
 checks by composing that config with these overrides and validating it the way `main_ppo` does.
 
 Spec fields verl 0.9.1 cannot honour are rejected here, at plan time, as a `SpecError` naming the field.
+
+What each algorithm becomes on verl is read from its entry in `rpg_cli.algorithms.table` (no list of algorithm
+names here): its advantage estimator (`ADVANTAGES`), where beta goes (`beta_in`: verl's KL-in-reward, or rpg's loss
+toward a separate reference), and its loss: verl's own registered function where the table says so (`verl_loss`:
+GSPO, CISPO, SAPO), else rpg's plugin (`spec.loss_name`, `plugin.py`). A spec's `rollout_correction`
+becomes verl's `algorithm.rollout_correction` (MATH.md section 10), on every algorithm. A custom loss
+(`algorithm: custom`, MATH.md section 11) is imported in every verl process from the job's PYTHONPATH, which
+`env` leads with the module's directory: on a multi-node cluster that directory must be on a filesystem every
+node mounts at the same path (as the data and the run directory are).
 """
 
 from __future__ import annotations
 
 import re
+from collections.abc import Iterable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from rpg_cli import rundir
+from rpg_cli import custom_loss, rundir
+from rpg_cli.algorithms.table import ADVANTAGES, ALGORITHMS
 from rpg_cli.backends.verl import diagnose
 from rpg_cli.backends.verl.footprint import disk, gpu_memory, token_budgets
 from rpg_cli.inputs import Finding, check_run, count_problems
@@ -38,17 +49,10 @@ REWARD_FUNCTION = "pkg://rpg_cli.rewards"  # verl's load_module imports `pkg://`
 RPG_TRAINER = "rpg"
 REFERENCE_SETTINGS = f"trainer.v1.{RPG_TRAINER}"
 
-# our advantage estimators -> verl 0.9.1's (rpg = GRPO's group mean without the std division)
-ADV_ESTIMATORS = {
-    "grpo": ("grpo", True),
-    "rpg": ("grpo", False),
-    "reinforce_pp": ("reinforce_plus_plus", True),
-    "reinforce_pp_baseline": ("reinforce_plus_plus_baseline", True),
-}
-# REINFORCE++ folds its k1 penalty into the reward (MATH.md section 4): verl's use_kl_in_reward
-KL_IN_REWARD = ("reinforce_pp", "reinforce_pp_baseline")
-# losses that regularise toward a reference inside the policy loss (beta): the frozen one is verl's ref worker's
-KL_IN_LOSS = ("rpg", "rpg_reinforce", "grpo")
+# the policy losses the table runs with verl's own function on verl (`Algorithm.verl_loss`): rpg's plugin leaves
+# these names to verl (verl 0.9.1 registers gspo, cispo and sapo itself) and registers every other `LOSS_NAMES`
+VERL_OWN_LOSSES = frozenset(a.loss for a in ALGORITHMS.values() if a.verl_loss is not None)
+CUSTOM_LOSS = ALGORITHMS["custom"].loss  # the plugin's loss that runs the spec's own function (MATH.md section 11)
 
 
 ENTRYPOINT = ("python", "-m", "rpg_cli.backends.verl.start")  # waits for the run's GPUs, then runs main_ppo
@@ -81,22 +85,35 @@ def env(spec: ExperimentSpec, run_dir: Path) -> dict[str, str]:
     """The job's runtime_env env vars, which Ray passes on to every verl process of the job: the plugin,
     metrics into the run directory, and what verl's tracking.py reads for the spec's trackers (W&B
     group/tags/id, TENSORBOARD_DIR, MLflow's URI). Their one home: verl's own ray.init runtime_env must
-    not repeat them (Ray 2.60 fails the job: "Failed to merge the Job's runtime env")."""
+    not repeat them (Ray 2.60 fails the job: "Failed to merge the Job's runtime env").
+
+    A custom loss's module directory leads PYTHONPATH (`custom_loss.job_pythonpath`): every verl worker imports the
+    function. On a multi-node cluster that directory must be on a filesystem the nodes share."""
     extra = dict(spec.verl.env)
     # modules the spec names load first (a platform must be registered before rpg's plugin imports verl's workers)
     modules = [m for m in extra.pop("VERL_USE_EXTERNAL_MODULES", "").split(",") if m.strip()]
+    pythonpath = custom_loss.job_pythonpath(spec.loss, extra.get("PYTHONPATH"))
     return {
         **extra,
+        **({"PYTHONPATH": pythonpath} if pythonpath else {}),
         "VERL_USE_EXTERNAL_MODULES": ",".join([*modules, PLUGIN_MODULE]),
         "VERL_FILE_LOGGER_PATH": str(rundir.metrics_path(Path(run_dir).absolute())),
         **verl_env(spec, run_dir),
     }
 
 
+def plugin_losses(loss_names: Iterable[str]) -> list[str]:
+    """The policy losses rpg's plugin registers with verl (and the submit-time check looks for): `loss_names`
+    (`rpg_cli.algorithms.LOSS_NAMES`) less those runs use verl's own function for, and the custom loss."""
+    return [name for name in loss_names if name not in VERL_OWN_LOSSES] + [CUSTOM_LOSS]
+
+
 def preflight(spec: ExperimentSpec) -> list[Finding]:
     """What can be checked of a run before a GPU is paid for: its data files, model and prompt lengths, and
     whether its estimated per-GPU peak fits its GPUs (footprint.py; an error naming the setting that fixes it)."""
     findings = check_run(spec)
+    if why := custom_loss.not_found(spec.loss):
+        findings.append(Finding("loss", why, error=True))
     shape = model_shape(spec.model)
     if shape is None:
         return [
@@ -169,7 +186,7 @@ def check(spec: ExperimentSpec) -> None:
             "allowed with backend verl: vllm (hf is the local backend's)",
             "rollout.engine",
         )
-    if spec.algorithm in KL_IN_REWARD and spec.beta > 0 and spec.reference == "iterative":
+    if spec.entry.beta_in == "reward" and spec.beta > 0 and spec.reference == "iterative":
         raise SpecError(
             f"{spec.algorithm} folds beta * k1(pi_old/pi_ref) into the reward, which is 0 for the iterative "
             "reference; allowed: reference frozen, every or kl_target, or beta 0",
@@ -220,15 +237,18 @@ def overrides(spec: ExperimentSpec, run_dir: Path) -> list[str]:
     check(spec)
     run_dir = Path(run_dir).absolute()
     prompt_len, response_len = spec.max_prompt_length, spec.max_response_length
+    entry = spec.entry  # the algorithm's row of rpg_cli.algorithms.table
     separate_reference = spec.reference != "iterative"  # frozen, or reset now and then: verl's ref worker
-    kl_in_reward = spec.algorithm in KL_IN_REWARD and spec.beta > 0
-    # our loss reads verl's ref_log_prob (a separate reference); the iterative one is pi_old, no model at all
-    loss_uses_reference = separate_reference and spec.algorithm in KL_IN_LOSS and spec.beta > 0
+    kl_in_reward = entry.beta_in == "reward" and spec.beta > 0
+    custom = spec.loss_name == CUSTOM_LOSS
+    # our loss reads verl's ref_log_prob (a separate reference); the iterative one is pi_old, no model at all. A
+    # custom loss gets a separate reference's log-probs (it has no beta: a KL term is the researcher's function's)
+    loss_uses_reference = separate_reference and ((entry.beta_in == "loss" and spec.beta > 0) or custom)
     kl_loss = spec.kl_loss
     # verl starts its ref worker only for a KL in the reward or a KL loss: a weight-0 KL loss starts it where
     # only our loss or the reset schedule (whose KL trigger reads ref_log_prob) needs it
     needs_ref_worker = loss_uses_reference or (isinstance(spec.reference, Every) and not kl_in_reward)
-    adv_estimator, norm_by_std = ADV_ESTIMATORS[spec.advantage_estimator]
+    adv_estimator, norm_by_std = ADVANTAGES[spec.advantage_estimator]
     gpus = spec.resources.gpus_per_node
     clip = spec.clip
     # unclipped runs keep verl's own valid defaults in its fields; policy_loss.clip=false switches clipping off
@@ -275,7 +295,8 @@ def overrides(spec: ExperimentSpec, run_dir: Path) -> list[str]:
         f"{actor}.loss_agg_mode": spec.loss_agg_mode,
         f"{actor}.entropy_coeff": spec.entropy_coeff,
         f"{actor}.policy_loss._target_": POLICY_LOSS_CONFIG,
-        f"{actor}.policy_loss.loss_mode": spec.loss_name,
+        # verl's own function where verl has the loss (its math runs), else rpg's plugin
+        f"{actor}.policy_loss.loss_mode": entry.verl_loss or spec.loss_name,
         f"+{actor}.policy_loss.beta": spec.beta,
         f"+{actor}.policy_loss.clip": clip is not None,
         f"+{actor}.policy_loss.use_reference": loss_uses_reference,
@@ -335,6 +356,8 @@ def overrides(spec: ExperimentSpec, run_dir: Path) -> list[str]:
         values[f"{actor}.optim.optimizer"] = "AdamWScheduleFree"
         values[f"{actor}.optim.optimizer_impl"] = OPTIMIZER_MODULE
     values.update(_tricks(spec))
+    values.update(loss_overrides(spec))
+    values.update(rollout_correction_overrides(spec))
     values.update(reference_overrides(spec))
     values.update(checkpoint_overrides(spec))
     # env(spec) is the job's runtime_env only: Ray hands a job's runtime_env to every task and actor of the
@@ -350,6 +373,48 @@ def _with_spec_overrides(generated: list[str], spec: ExperimentSpec) -> list[str
     replaced = {override_key(item) for item in [*spec.verl.overrides, *spec.verl.site]}
     kept = [item for item in generated if override_key(item) not in replaced]
     return [*kept, *spec.verl.overrides, *spec.verl.site]
+
+
+def loss_overrides(spec: ExperimentSpec) -> dict[str, Any]:
+    """What a loss takes beyond the clip and beta: SAPO's gate temperatures (verl's actor `tau_pos`/`tau_neg`, which
+    its `sapo` loss reads), Dr. GRPO's constant normaliser (verl's `loss_scale_factor`: the response budget, as
+    the paper divides by the generation length, MATH.md section 9.1; unset, verl divides by each micro-batch's
+    longest response), and a custom loss's function and settings (`plugin.RPGPolicyLossConfig`)."""
+    actor = "actor_rollout_ref.actor"
+    values: dict[str, Any] = {}
+    if spec.sapo is not None:
+        values[f"{actor}.tau_pos"] = spec.sapo.tau_pos
+        values[f"{actor}.tau_neg"] = spec.sapo.tau_neg
+    if spec.loss_agg_mode == "seq-mean-token-sum-norm":
+        values[f"{actor}.loss_scale_factor"] = spec.max_response_length
+    if spec.loss_name == CUSTOM_LOSS:
+        values[f"+{actor}.policy_loss.custom"] = spec.loss
+        values[f"+{actor}.policy_loss.custom_settings"] = dict(spec.loss_settings)
+    return values
+
+
+# verl 0.9.1's rollout correction settings (trainer/config/algorithm.py RolloutCorrectionConfig), the spec's names
+ROLLOUT_CORRECTION = "algorithm.rollout_correction"
+
+
+def rollout_correction_overrides(spec: ExperimentSpec) -> dict[str, Any]:
+    """The spec's `rollout_correction` as verl's `algorithm.rollout_correction` (MATH.md section 10), decoupled mode
+    (bypass_mode false: verl recomputes pi_old, and weighs each token by pi_old/pi_rollout, truncated, or rejects it).
+
+    verl's trainer (`trainer/ppo/v1/trainer_base.py` `_compute_advantage`, which rpg's trainer inherits) computes the
+    weights when the batch holds the rollout's own log-probs, which vLLM returns with `rollout.calculate_log_probs`
+    (verl 0.9.1's default, set here all the same); `workers/utils/losses.py` `ppo_loss` hands them to the policy loss
+    as `rollout_is_weights`, and rejection zeroes the rejected tokens' response_mask. Every loss takes them: verl's
+    own multiply the per-token loss before aggregating, and rpg's plugin alike (`plugin.rpg_policy_loss`)."""
+    correction = spec.rollout_correction
+    if correction is None:
+        return {}
+    values: dict[str, Any] = {
+        f"{ROLLOUT_CORRECTION}.{key}": value for key, value in correction.model_dump(mode="json").items()
+    }
+    values[f"{ROLLOUT_CORRECTION}.bypass_mode"] = False
+    values["actor_rollout_ref.rollout.calculate_log_probs"] = True
+    return values
 
 
 def reference_overrides(spec: ExperimentSpec) -> dict[str, Any]:

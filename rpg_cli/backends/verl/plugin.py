@@ -4,10 +4,17 @@ Loaded by verl itself in every process that imports it: through the `verl.plugin
 through `VERL_USE_EXTERNAL_MODULES=rpg_cli.backends.verl.plugin` (set in each job's runtime_env, since
 verl logs entry-point failures only at debug level). Importing it:
 
-- registers each name of `LOSS_NAMES` with verl's `register_policy_loss`; the math is `policy_loss`,
-  no formula lives here. Extra hyperparameters (beta, clip on/off, whether a separate reference is
-  used) travel in `RPGPolicyLossConfig`, which the run's overrides select by `policy_loss._target_`;
+- registers each name of `LOSS_NAMES` with verl's `register_policy_loss`, less those a run takes verl's
+  own function for (`launch.VERL_OWN_LOSSES`, the table's `verl_loss`: GSPO, CISPO, SAPO); the math is
+  `policy_loss`, no formula lives here. Extra hyperparameters (beta, clip on/off, whether a separate reference
+  is used) travel in `RPGPolicyLossConfig`, which the run's overrides select by `policy_loss._target_`;
   the clip ratios and c are the actor's own `clip_ratio_low/high/c`, so verl's config holds them once.
+- registers `custom` (MATH.md section 11): the spec's own function (`policy_loss.custom`, imported once per
+  process) through `rpg_cli.algorithms.custom.custom_policy_loss`, with the spec's settings, the separate
+  reference's log-probs (None for the iterative reference: pi_ref is pi_old, which the function has), and its
+  metrics under `actor/<name>`.
+- applies rollout correction (`rollout_is_weights`, MATH.md section 10) as verl's own losses do: the per-token
+  loss times the weights, before aggregation; a micro-batch whose every token rejection sampling removed adds 0.
 - wraps verl's `ppo_loss` (workers/utils/losses.py), because verl's policy-loss signature carries no
   `ref_log_prob`: the wrapper hands the batch's padded ref_log_prob to our loss for the duration of
   the call (a context variable, set and reset around verl's own ppo_loss, which stays in charge of
@@ -25,9 +32,11 @@ verl logs entry-point failures only at debug level). Importing it:
 from __future__ import annotations
 
 import dataclasses
+import functools
 import sys
+from collections.abc import Callable
 from contextvars import ContextVar
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -36,6 +45,7 @@ from verl.workers.config import PolicyLossConfig
 
 from rpg_cli.algorithms import LOSS_NAMES, policy_loss
 from rpg_cli.backends.verl.isolation import per_run_transfer_queue
+from rpg_cli.backends.verl.launch import CUSTOM_LOSS, plugin_losses
 from rpg_cli.metrics import PG_LOSS, loss_metrics
 
 # modules that bind verl's ppo_loss by name (`from verl.workers.utils.losses import ppo_loss`)
@@ -51,7 +61,8 @@ class RPGPolicyLossConfig(PolicyLossConfig):
     beta: KL coefficient inside the loss. clip: RPG-Style/dual clip on (eps and c: the actor's
     clip_ratio_low, clip_ratio_high, clip_ratio_c). use_reference: regularise toward verl's frozen ref
     model (its ref_log_prob) instead of pi_old, the paper's iterative reference. kl_loss_to_old: verl's
-    KL loss (actor.kl_loss_*) toward pi_old instead of the ref worker's model.
+    KL loss (actor.kl_loss_*) toward pi_old instead of the ref worker's model. custom, custom_settings: the
+    `custom` loss's function (`package.module:function`) and the settings it is called with.
     """
 
     beta: float = 0.0
@@ -60,10 +71,17 @@ class RPGPolicyLossConfig(PolicyLossConfig):
     clipped_weight: bool = False  # Remark F.2 (rpg_reinforce_* only): clip(w) replaces w and log w inside SG
     kl_clamp: bool = True  # grpo, grpo_corrected: k3 as verl's clamped low_var_kl
     kl_loss_to_old: bool = False
+    custom: str | None = None
+    custom_settings: dict[str, Any] = field(default_factory=dict)
 
     def __post_init__(self):
         if self.loss_mode in LOSS_NAMES and self.beta < 0:
             raise ValueError(f"policy_loss.beta must be >= 0, got {self.beta}")
+        if self.loss_mode == CUSTOM_LOSS and not self.custom:
+            raise ValueError(
+                f"policy_loss.loss_mode {CUSTOM_LOSS} needs policy_loss.custom (package.module:function); "
+                "rpg's overrides set it from the spec's loss"
+            )
 
 
 def rpg_policy_loss(
@@ -77,12 +95,8 @@ def rpg_policy_loss(
     rollout_is_weights: torch.Tensor | None = None,
     ref_log_prob: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, dict[str, Any]]:
-    """verl's PolicyLossFn for loss `name`: `policy_loss` scaled to verl's global-batch aggregation."""
-    if rollout_is_weights is not None:
-        raise ValueError(
-            f"policy loss {name} does not take rollout correction weights; disable "
-            "algorithm.rollout_correction for rpg runs"
-        )
+    """verl's PolicyLossFn for loss `name`: `policy_loss` (or the spec's own function, `custom`) scaled to verl's
+    global-batch aggregation, the per-token loss weighted by rollout correction's `rollout_is_weights` if any."""
     settings = config.policy_loss
     if not isinstance(settings, RPGPolicyLossConfig):
         raise TypeError(
@@ -98,24 +112,65 @@ def rpg_policy_loss(
             )
     else:
         ref_log_prob = None  # the iterative reference: pi_ref = pi_old
-    loss, metrics = policy_loss(
-        name,
-        log_prob=log_prob,
-        old_log_prob=old_log_prob,
-        advantages=advantages,
-        response_mask=response_mask,
-        ref_log_prob=ref_log_prob,
-        beta=settings.beta,
-        clip=settings.clip,
-        eps_low=config.clip_ratio_low,
-        eps_high=config.clip_ratio_high,
-        clip_c=config.clip_ratio_c,
-        loss_agg_mode=loss_agg_mode,
-        clipped_weight=getattr(settings, "clipped_weight", False),
-        kl_clamp=getattr(settings, "kl_clamp", True),
-    )
+    mask = response_mask.bool()
+    if not bool(mask.any()):
+        # rejection sampling (rollout correction) removed every token of this micro-batch: it adds nothing, but
+        # its backward still runs (FSDP's gradient reduction waits for every rank's)
+        return torch.where(mask, log_prob, 0.0).sum() * 0.0, {}
+    tensors = dict(log_prob=log_prob, old_log_prob=old_log_prob, advantages=advantages, response_mask=response_mask)
+    if name == CUSTOM_LOSS:
+        loss, metrics = _custom_loss(settings, tensors, ref_log_prob, loss_agg_mode, rollout_is_weights)
+    else:
+        # the weights multiply the per-token loss inside policy_loss, before it aggregates (as verl's losses do)
+        loss, metrics = policy_loss(
+            name,
+            **tensors,
+            ref_log_prob=ref_log_prob,
+            beta=settings.beta,
+            clip=settings.clip,
+            eps_low=config.clip_ratio_low,
+            eps_high=config.clip_ratio_high,
+            clip_c=config.clip_ratio_c,
+            loss_agg_mode=loss_agg_mode,
+            clipped_weight=getattr(settings, "clipped_weight", False),
+            kl_clamp=getattr(settings, "kl_clamp", True),
+            weights=rollout_is_weights,
+        )
     loss = loss * global_batch_scale(loss_agg_mode, response_mask, getattr(config, "global_batch_info", None) or {})
     return loss, _verl_metrics(metrics)
+
+
+@functools.cache
+def load_custom(target: str) -> Callable[..., Any]:
+    """The spec's loss function, imported once per process (`rpg_cli.custom_loss.load`: one-line ValueError)."""
+    from rpg_cli import custom_loss
+
+    return custom_loss.load(target)
+
+
+def _custom_loss(
+    settings: RPGPolicyLossConfig,
+    tensors: dict[str, torch.Tensor],
+    ref_log_prob: torch.Tensor | None,
+    loss_agg_mode: str,
+    weights: torch.Tensor | None,
+) -> tuple[torch.Tensor, dict[str, float]]:
+    """The spec's own function through `custom_policy_loss` (clean tensors in, aggregated by loss_agg_mode), its
+    per-token loss times rollout correction's weights if any."""
+    from omegaconf import DictConfig, OmegaConf
+
+    from rpg_cli.algorithms.custom import custom_policy_loss
+
+    options = settings.custom_settings
+    options = OmegaConf.to_container(options) if isinstance(options, DictConfig) else dict(options or {})
+    return custom_policy_loss(
+        load_custom(str(settings.custom)),
+        **tensors,
+        ref_log_prob=ref_log_prob,
+        settings=options,
+        loss_agg_mode=loss_agg_mode,
+        weights=weights,
+    )
 
 
 def global_batch_scale(loss_agg_mode: str, response_mask: torch.Tensor, info: dict[str, Any]) -> float:
@@ -216,10 +271,14 @@ def _install_ppo_loss_wrapper() -> None:
 
 def registered_names() -> list[str]:
     """The rpg losses verl can see right now (what the submit-time check looks for)."""
-    return [name for name in LOSS_NAMES if getattr(POLICY_LOSS_REGISTRY.get(name), "__module__", None) == __name__]
+    return [
+        name
+        for name in plugin_losses(LOSS_NAMES)
+        if getattr(POLICY_LOSS_REGISTRY.get(name), "__module__", None) == __name__
+    ]
 
 
-for _name in LOSS_NAMES:
+for _name in plugin_losses(LOSS_NAMES):
     _register(_name)
 _install_ppo_loss_wrapper()
 per_run_transfer_queue()  # several runs on one Ray cluster: each its own TransferQueue (isolation.py)
