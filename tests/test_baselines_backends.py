@@ -367,8 +367,8 @@ def test_a_custom_jobs_pythonpath_leads_with_the_modules_directory(tmp_path, cus
 
     spec = baseline(algorithm="custom", loss=CUSTOM)
     assert launch.env(spec, tmp_path)["PYTHONPATH"] == f"{custom_module}:${{PYTHONPATH}}"  # Ray expands the node's
-    own = baseline(algorithm="custom", loss=CUSTOM, verl={"env": {"PYTHONPATH": "/opt/site"}})
-    assert launch.env(own, tmp_path)["PYTHONPATH"] == f"{custom_module}:/opt/site"  # the spec's own, kept
+    own = baseline(algorithm="custom", loss=CUSTOM, verl={"env": {"PYTHONPATH": "/shared/lab"}})
+    assert launch.env(own, tmp_path)["PYTHONPATH"] == f"{custom_module}:/shared/lab"  # the spec's own, kept
     assert "PYTHONPATH" not in launch.env(paper_run(), tmp_path)
     local = local_spec(algorithm="custom", loss=CUSTOM)
     assert local_launch.env(local, tmp_path) == {"PYTHONPATH": f"{custom_module}:${{PYTHONPATH}}"}
