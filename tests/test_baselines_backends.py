@@ -504,9 +504,9 @@ def test_rollout_correction_is_accepted_and_changes_nothing_on_the_local_backend
 
 
 def test_the_local_advantage_table_covers_every_estimator():
-    from rpg_cli.backends.local.trainer import ADVANTAGE_FUNCTIONS
+    from rpg_cli.algorithms.advantages import ESTIMATORS
 
-    assert set(ADVANTAGE_FUNCTIONS) == set(ADVANTAGES)
+    assert set(ESTIMATORS) == set(ADVANTAGES)
 
 
 def test_dr_grpo_on_the_local_backend_divides_by_the_response_budget(tiny, tmp_path):

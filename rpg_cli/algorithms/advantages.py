@@ -12,7 +12,8 @@ std 1), i.e. the raw reward; verl's rloo_vectorized gives 0, as here).
 
 from __future__ import annotations
 
-from collections.abc import Hashable, Sequence
+from collections.abc import Callable, Hashable, Sequence
+from dataclasses import dataclass
 
 import torch
 
@@ -179,3 +180,29 @@ def overlong_penalty(
     length = response_length if response_length.is_floating_point() else response_length.to(torch.get_default_dtype())
     exceed = length - (max_response_length - buffer)
     return (-exceed / buffer * penalty_factor).clamp(max=0.0)
+
+
+# ---------------------------------------------------------------- by name
+
+
+@dataclass(frozen=True)
+class AdvantageInputs:
+    """What an advantage estimator reads of a step (MATH.md section 4)."""
+
+    rewards: torch.Tensor  # one per response, net of any KL-in-reward penalty
+    scores: torch.Tensor  # one per response, before it (REINFORCE++ folds the penalty in per token itself)
+    group: torch.Tensor  # the prompt each response answers
+    mask: torch.Tensor  # the response tokens
+    old_log_prob: torch.Tensor
+    ref_log_prob: torch.Tensor  # pi_old's own for the iterative reference (a penalty of 0)
+    beta: float  # the KL-in-reward coefficient (0 unless the algorithm's beta is in the reward)
+
+
+# rpg's advantage estimators (the keys of rpg_cli.algorithms.table.ADVANTAGES) -> per-token advantages
+ESTIMATORS: dict[str, Callable[[AdvantageInputs], torch.Tensor]] = {
+    "grpo": lambda x: to_tokens(grpo_advantage(x.rewards, x.group), x.mask),
+    "rpg": lambda x: to_tokens(rpg_advantage(x.rewards, x.group), x.mask),
+    "rloo": lambda x: to_tokens(rloo_advantage(x.rewards, x.group), x.mask),
+    "reinforce_pp": lambda x: reinforce_pp_advantage(x.scores, x.mask, x.old_log_prob, x.ref_log_prob, x.beta),
+    "reinforce_pp_baseline": lambda x: reinforce_pp_baseline_advantage(x.rewards, x.group, x.mask),
+}

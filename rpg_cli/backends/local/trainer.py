@@ -40,7 +40,6 @@ import random
 import re
 import sys
 import time
-from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -91,29 +90,6 @@ def log(message: str) -> None:
 
 def step_seed(seed: int, step: int) -> int:
     return seed * 1_000_003 + step
-
-
-@dataclass(frozen=True)
-class AdvantageInputs:
-    """What an advantage estimator reads of a step (MATH.md section 4)."""
-
-    rewards: torch.Tensor  # one per response, net of any KL-in-reward penalty
-    scores: torch.Tensor  # one per response, before it (REINFORCE++ folds the penalty in per token itself)
-    group: torch.Tensor  # the prompt each response answers
-    mask: torch.Tensor  # the response tokens
-    old_log_prob: torch.Tensor
-    ref_log_prob: torch.Tensor  # pi_old's own for the iterative reference (a penalty of 0)
-    beta: float  # the KL-in-reward coefficient (0 unless the algorithm's beta is in the reward)
-
-
-# rpg's advantage estimators (the keys of rpg_cli.algorithms.table.ADVANTAGES) -> per-token advantages
-ADVANTAGE_FUNCTIONS: dict[str, Callable[[AdvantageInputs], torch.Tensor]] = {
-    "grpo": lambda x: adv.to_tokens(adv.grpo_advantage(x.rewards, x.group), x.mask),
-    "rpg": lambda x: adv.to_tokens(adv.rpg_advantage(x.rewards, x.group), x.mask),
-    "rloo": lambda x: adv.to_tokens(adv.rloo_advantage(x.rewards, x.group), x.mask),
-    "reinforce_pp": lambda x: adv.reinforce_pp_advantage(x.scores, x.mask, x.old_log_prob, x.ref_log_prob, x.beta),
-    "reinforce_pp_baseline": lambda x: adv.reinforce_pp_baseline_advantage(x.rewards, x.group, x.mask),
-}
 
 
 @dataclass
@@ -350,16 +326,16 @@ class Trainer:
     def advantages(
         self, batch: Batch, rewards: torch.Tensor, old_log_prob: torch.Tensor, ref_log_prob: torch.Tensor | None
     ) -> torch.Tensor:
-        """The spec's advantages (`ADVANTAGE_FUNCTIONS[spec.advantage_estimator]`) of `rewards`, one per response
+        """The spec's advantages (`advantages.ESTIMATORS[spec.advantage_estimator]`) of `rewards`, one per response
         net of any KL penalty; REINFORCE++ folds the per-token k1 penalty into the batch's scores itself."""
         spec, r = self.spec, batch.rollouts
-        estimator = ADVANTAGE_FUNCTIONS.get(spec.advantage_estimator)
+        estimator = adv.ESTIMATORS.get(spec.advantage_estimator)
         if estimator is None:
             raise BackendError(
                 f"advantage estimator {spec.advantage_estimator!r} is not supported by the local backend; "
-                f"allowed: {', '.join(ADVANTAGE_FUNCTIONS)}"
+                f"allowed: {', '.join(adv.ESTIMATORS)}"
             )
-        inputs = AdvantageInputs(
+        inputs = adv.AdvantageInputs(
             rewards=rewards.to(self.device),
             scores=batch.rewards.to(self.device),
             group=r.group,
