@@ -107,6 +107,39 @@ def test_a_job_killed_by_a_signal_says_so():
     assert killed_by(SimpleNamespace(driver_exit_code=1, message="failed with exit code 1")) is None
 
 
+class _Refusing:
+    """A jobs client whose head answers Ray's "no agent yet" refusal `times` times, then `then` (None: accepts)."""
+
+    NO_AGENT = "Request failed with status code 500: No available agent to submit job, please try again later.."
+
+    def __init__(self, times, then=None):
+        self.times, self.then, self.calls = times, then, 0
+
+    def submit_job(self, **_):
+        self.calls += 1
+        if self.calls <= self.times:
+            raise RuntimeError(self.NO_AGENT)
+        if self.then:
+            raise RuntimeError(self.then)
+
+
+def test_a_head_whose_job_agent_is_not_up_yet_is_asked_again_and_other_refusals_are_not(monkeypatch):
+    from rpg_cli.orchestration import submit as module
+
+    monkeypatch.setattr(module.time, "sleep", lambda _: None)
+    late = _Refusing(times=3)
+    module.submit(late, ["true"], "job-1")
+    assert late.calls == 4  # accepted on the fourth answer
+    refused = _Refusing(times=1, then="Request failed with status code 400: bad runtime_env")
+    with pytest.raises(RuntimeError, match="bad runtime_env"):
+        module.submit(refused, ["true"], "job-2")
+    assert refused.calls == 2  # a real refusal is not asked again
+    never = _Refusing(times=10**6)
+    with pytest.raises(RuntimeError, match="No available agent"):
+        module.submit(never, ["true"], "job-3", agent_wait_s=0.0)
+    assert never.calls == 1  # no time left to wait: the refusal reaches the caller
+
+
 @pytest.mark.parametrize(
     "log, reason",
     [

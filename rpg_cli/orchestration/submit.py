@@ -7,6 +7,7 @@ import os
 import re
 import shlex
 import signal
+import time
 from collections.abc import Iterator, Mapping, Sequence
 from datetime import datetime, timezone
 from typing import TYPE_CHECKING
@@ -92,6 +93,12 @@ def shell_command(argv: Sequence[str]) -> str:
     return f"cd {shlex.quote(os.getcwd())} && exec {shlex.join(argv)}"
 
 
+# Ray's dashboard answers this (HTTP 500) when the head's job agent is not known within its 10 s
+# (dashboard/consts.py WAIT_AVAILABLE_AGENT_TIMEOUT): the job was not submitted, so asking again is safe.
+_NO_AGENT_YET = "No available agent to submit job"
+AGENT_WAIT_S = 120.0
+
+
 def submit(
     client: JobSubmissionClient,
     argv: Sequence[str],
@@ -101,16 +108,27 @@ def submit(
     num_gpus: float = 0.0,
     env: Mapping[str, str] | None = None,
     metadata: Mapping[str, str] | None = None,
+    agent_wait_s: float = AGENT_WAIT_S,
 ) -> None:
-    """Submit `argv` as the job `submission_id`, reserving `num_cpus`/`num_gpus` for its entrypoint."""
-    client.submit_job(
-        entrypoint=shell_command(argv),
-        submission_id=submission_id,
-        runtime_env={"env_vars": dict(env)} if env else None,
-        entrypoint_num_cpus=num_cpus,
-        entrypoint_num_gpus=num_gpus or None,
-        metadata=dict(metadata) if metadata else None,
-    )
+    """Submit `argv` as the job `submission_id`, reserving `num_cpus`/`num_gpus` for its entrypoint. A head
+    whose job agent has not registered yet (a cluster just started, a loaded machine) is asked again until
+    `agent_wait_s` has passed; any other refusal is raised at once."""
+    deadline = time.monotonic() + agent_wait_s
+    while True:
+        try:
+            client.submit_job(
+                entrypoint=shell_command(argv),
+                submission_id=submission_id,
+                runtime_env={"env_vars": dict(env)} if env else None,
+                entrypoint_num_cpus=num_cpus,
+                entrypoint_num_gpus=num_gpus or None,
+                metadata=dict(metadata) if metadata else None,
+            )
+            return
+        except RuntimeError as exc:
+            if _NO_AGENT_YET not in str(exc) or time.monotonic() >= deadline:
+                raise
+            time.sleep(1.0)
 
 
 def ray_jobs(client: JobSubmissionClient) -> dict[str, JobDetails]:
