@@ -1,7 +1,9 @@
 # make demo   install if needed, then the CPU seed grid end to end: sweep, eval, report, compare
 # make test   install if needed, then run the test suite (less the cluster tests: make test-cluster)
 # make test-cluster  the tests that start a Slurm cluster or two nodes in network namespaces (CI runs them)
-# make bench  install if needed, then run the benchmarks and print their ratios
+# make bench  install if needed, then run the benchmarks and print their ratios (every one, even after a failure)
+# make bench-quick  every benchmark once at tiny sizes (CI: a benchmark that breaks fails; ratios not judged)
+# make bench-scale  the store at scale: commands on stores of 1M and 10M samples (builds them: ~10 min)
 # make lint   install if needed, then ruff: the lint rules and the formatting (pyproject.toml [tool.ruff])
 # make e2e    install .venv-e2e if needed, then verl's whole loop with vLLM's CPU build (tests/e2e, ~17 min on 2 cores)
 # make gpu-check  on a GPU node: verl's worker path on one CUDA GPU and the local backend there (skips without one)
@@ -18,7 +20,7 @@ STAMP  := $(VENV)/.installed
 # the PostgreSQL driver (a few seconds) likewise, for the store's tests against a real server
 EXTRAS ?= dev,verl,trackers,postgres
 
-.PHONY: install test test-cluster demo bench lint e2e gpu-check clean
+.PHONY: install test test-cluster demo bench bench-quick bench-scale lint e2e gpu-check clean
 
 install: $(STAMP)
 
@@ -54,8 +56,20 @@ demo: $(STAMP)
 	$(VENV)/bin/rpg report --table --sweep smoke-seeds
 	$(VENV)/bin/rpg compare GRPO RPG-REINFORCE-URKL --sweep smoke-seeds
 
+# Every benchmark runs even when one before it fails; the failed ones are named at the end (exit status 1).
+# bench_scale.py builds stores for minutes: its own target (bench-scale), and a quick run in bench-quick.
+BENCHES       = $(filter-out benchmarks/bench_scale.py,$(sort $(wildcard benchmarks/bench_*.py)))
+RUN_BENCHES   = failed=""; for f in $(1); do echo "== $$f"; $(2) $(PY) $$f || failed="$$failed $$f"; done; \
+	if [ -n "$$failed" ]; then echo "benchmarks that failed:$$failed"; exit 1; fi
+
 bench: $(STAMP) $(VENV)/.bench-installed
-	@for f in benchmarks/bench_*.py; do echo "== $$f"; $(PY) $$f || exit 1; done
+	@$(call RUN_BENCHES,$(BENCHES),)
+
+bench-quick: $(STAMP) $(VENV)/.bench-installed
+	@$(call RUN_BENCHES,$(sort $(wildcard benchmarks/bench_*.py)),BENCH_QUICK=1)
+
+bench-scale: $(STAMP)
+	@$(call RUN_BENCHES,benchmarks/bench_scale.py,)
 
 # What only a GPU shows (benchmarks/gpu_check.py): verl's FSDP workers with rpg's plugin on CUDA, NCCL and bf16,
 # memory measured beside the estimator's figure; the local backend on CUDA. One line and exit 0 without a GPU.

@@ -12,6 +12,8 @@
 Where no CUDA GPU is visible (the CI machines) it prints that it skipped.
 
     python benchmarks/bench_local_cuda.py [--steps 300] [--big-steps 4]
+
+BENCH_QUICK=1: 20 toy steps, 3 big ones (what runs, not what it learns).
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ from pathlib import Path
 import torch
 
 PROMPTS, SAMPLES, LR = 8, 8, 5e-4
+QUICK = os.environ.get("BENCH_QUICK") == "1"  # CI: tiny sizes, timings printed but not judged
 BIG = dict(
     hidden_size=1024, intermediate_size=2816, num_hidden_layers=16, num_attention_heads=16, num_key_value_heads=8
 )
@@ -140,8 +143,8 @@ def throughput(work: Path, toy, steps: int) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--steps", type=int, default=300)
-    parser.add_argument("--big-steps", type=int, default=4)
+    parser.add_argument("--steps", type=int, default=20 if QUICK else 300)
+    parser.add_argument("--big-steps", type=int, default=3 if QUICK else 4)
     args = parser.parse_args()
     if not torch.cuda.is_available():
         print("bench_local_cuda: no CUDA GPU visible here: skipped")

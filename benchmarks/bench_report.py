@@ -8,11 +8,14 @@ table (100 runs x 80 evaluated steps x 3 benchmarks x mean/pass/maj@32), renderi
 Target: each table (query + aggregation + rendering) < 1 s.
 
     python benchmarks/bench_report.py [--runs 100] [--steps 400] [--keys 50]
+
+BENCH_QUICK=1: 12 runs x 20 steps x 20 keys; a table that cannot be built fails, timings are not judged.
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import random
 import sqlite3
 import sys
@@ -24,6 +27,7 @@ from rpg_cli import report
 from rpg_cli.orchestration.plan import RunPlan
 from rpg_cli.store import open_store
 
+QUICK = os.environ.get("BENCH_QUICK") == "1"  # CI: tiny sizes, timings printed but not judged
 TARGET_S = 1.0
 METHODS = [
     ("grpo", "none"),
@@ -69,9 +73,9 @@ def table_all_formats(store) -> report.Table:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--runs", type=int, default=100)
-    parser.add_argument("--steps", type=int, default=400)
-    parser.add_argument("--keys", type=int, default=50)
+    parser.add_argument("--runs", type=int, default=12 if QUICK else 100)
+    parser.add_argument("--steps", type=int, default=20 if QUICK else 400)
+    parser.add_argument("--keys", type=int, default=20 if QUICK else 50)
     args = parser.parse_args()
     keys = ["critic/score/mean", "actor/entropy", "response_length/mean", "actor/kl_loss", *VAL_KEYS]
     keys += [f"actor/metric_{i}" for i in range(args.keys - len(keys))]
@@ -95,6 +99,8 @@ def main() -> int:
                 for i, run_id in enumerate(ids)
             ]
         )
+        for run_id in ids:  # a table holds finished runs only
+            store.set_status(run_id, "succeeded")
         start = time.perf_counter()
         con = sqlite3.connect(db)
         with con:  # one transaction, rows in primary-key order
@@ -151,7 +157,7 @@ def main() -> int:
         print(f"{name:<56}{seconds:>10.3f}{target:>10.1f}{seconds / target:>8.2f}")
     ok = all(seconds < target for _, seconds, target in results)
     print("PASS" if ok else "FAIL")
-    return 0 if ok else 1
+    return 0 if ok or QUICK else 1
 
 
 if __name__ == "__main__":

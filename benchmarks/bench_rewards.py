@@ -7,6 +7,8 @@
    rows/s, timeouts, and verdicts that disagree with how each response was built.
 
     python benchmarks/bench_rewards.py [--responses 100000] [--seed 0]
+
+BENCH_QUICK=1: 2,000 responses, the first 200 math_verify rows; a differing verdict still fails.
 """
 
 from __future__ import annotations
@@ -21,6 +23,8 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 TARGET_RATIO = 1.5
+QUICK = os.environ.get("BENCH_QUICK") == "1"  # CI: tiny sizes, timings printed but not judged
+QUICK_ROWS = 200  # math_verify rows in quick mode
 
 # Ground truths in the styles the evaluation and training sets use.
 _TRUTHS = [
@@ -224,6 +228,7 @@ def bench_math_verify(seed: int, workers: int = 2) -> bool:
     from rpg_cli.rewards.math_verify_pool import MathVerifyPool
 
     rows = _math_verify_rows(seed)
+    rows = rows[:QUICK_ROWS] if QUICK and rows else rows
     print(f"\nmath_verify scorer, {workers} worker processes")
     if rows is None:
         print(f"  skipped: the evaluation parquet files are not in {_shared_data()}")
@@ -244,7 +249,7 @@ def bench_math_verify(seed: int, workers: int = 2) -> bool:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--responses", type=int, default=100_000)
+    parser.add_argument("--responses", type=int, default=2_000 if QUICK else 100_000)
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args()
     if hasattr(os, "sched_setaffinity"):  # the dapo comparison is single-core by definition

@@ -96,7 +96,8 @@ def _data_sources(path: str, mtime_ns: int, size: int) -> list[str] | None:
     try:
         import pyarrow.parquet as pq
 
-        column = pq.read_table(path, columns=["data_source"]).column("data_source")
+        with pq.ParquetFile(path) as parquet:  # pq.read_table goes through pyarrow.dataset, which imports pandas
+            column = parquet.read(columns=["data_source"]).column("data_source")
         return [str(v) for v in dict.fromkeys(column.to_pylist())]
     except Exception:  # noqa: BLE001 - any unreadable file: its benchmarks are just not listed
         return None

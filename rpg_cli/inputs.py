@@ -245,7 +245,8 @@ def _count_problems(path: str, mtime_ns: int, size: int) -> ProblemCount | None:
     try:
         import pyarrow.parquet as pq
 
-        table = pq.ParquetFile(path).read(columns=["prompt", "reward_model"])  # read_table would import pandas
+        with pq.ParquetFile(path) as parquet:  # read_table would import pandas (through pyarrow.dataset)
+            table = parquet.read(columns=["prompt", "reward_model"])
         keys = {
             json.dumps([row["prompt"], (row["reward_model"] or {}).get("ground_truth")], sort_keys=True)
             for row in table.to_pylist()
@@ -418,7 +419,8 @@ class _PromptCounter:
         try:
             import pyarrow.parquet as pq
 
-            prompts = pq.read_table(name, columns=["prompt"]).column("prompt").to_pylist()
+            with pq.ParquetFile(name) as parquet:  # pq.read_table goes through pyarrow.dataset, which imports pandas
+                prompts = parquet.read(columns=["prompt"]).column("prompt").to_pylist()
         except ImportError:
             raise _CannotCount("pyarrow is not installed") from None
         except Exception as exc:  # pyarrow raises several types for unreadable files

@@ -45,6 +45,8 @@ TRAINER = textwrap.dedent(
     (run_dir / "argv.json").write_text(json.dumps({"argv": sys.argv[5:], "env": os.environ.get("RPG_TEST_ENV")}))
     with open(run_dir / "metrics.jsonl", "a") as f:
         for step in range(1, steps + 1):
+            while mode == "gated" and step == steps and not (run_dir.parent / "release").exists():
+                time.sleep(0.1)  # held before its last step until the test lets it finish
             f.write(json.dumps({"step": step, "data": {"critic/score/mean": step / steps, "actor/pg_loss": -step, "note": "x"}}) + "\\n")
             f.flush()
             time.sleep(delay)
@@ -248,8 +250,8 @@ def test_killed_driver_loses_nothing_and_resubmits_nothing(cluster, tmp_path):
     plans = [
         make_plan(cluster, "s2", "quick-a", steps=1, delay=0),
         make_plan(cluster, "s2", "quick-b", steps=1, delay=0),
-        make_plan(cluster, "s2", "slow-a", steps=10, delay=0.6),
-        make_plan(cluster, "s2", "slow-b", steps=10, delay=0.6),
+        make_plan(cluster, "s2", "slow-a", steps=10, delay=0.1, mode="gated"),
+        make_plan(cluster, "s2", "slow-b", steps=10, delay=0.1, mode="gated"),
         make_plan(cluster, "s2", "broken", steps=1, delay=0, mode="fail"),
     ]
     plans_file = tmp_path / "plans.json"
@@ -279,7 +281,8 @@ def test_killed_driver_loses_nothing_and_resubmits_nothing(cluster, tmp_path):
     _, err = proc.communicate(timeout=30)
     assert proc.returncode != 0 and "KeyboardInterrupt" in err
 
-    # 3. a third one follows everything to the end
+    # 3. a third one follows everything to the end (the slow runs, held until now, may finish)
+    (cluster["runs"] / "s2" / "release").touch()
     on_update, _ = deadline_guard(90)
     final = run_sweep(plans, "s2", db, runs_dir=cluster["runs"], on_update=on_update, poll_s=0.3)
     assert {r.name: r.status for r in final.runs} == {

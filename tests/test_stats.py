@@ -591,3 +591,12 @@ def test_stats_imports_nothing_of_the_project_and_no_heavy_library():
     code = "import sys, rpg_cli.stats; print(sorted(m for m in sys.modules if m.startswith(('rpg_cli', 'torch', 'scipy', 'pandas'))))"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "['rpg_cli', 'rpg_cli.stats']"
+
+
+@pytest.mark.parametrize("df", [0.7, 1.0, 2.5, 4.0, 29.6, 1e4])
+def test_the_t_quantile_is_scipy_stats_t_ppf(df):
+    """t_quantile takes SciPy's special function (a fast import); it is the same number as scipy.stats.t.ppf."""
+    from scipy.stats import t
+
+    for p in (0.025, 0.5, 0.8, 0.975, 0.9995):
+        assert stats.t_quantile(p, df) == pytest.approx(float(t.ppf(p, df)), rel=1e-12, abs=1e-12)

@@ -588,7 +588,7 @@ def test_a_version_4_database_gains_the_stall_clock_and_takes_every_state(db_url
     store = open_store(db_url, create=False)  # upgraded as `rpg runs` opens it
     try:
         with store.engine.connect() as conn:
-            assert migrations.current_version(conn, store.t) == migrations.LATEST == 5
+            assert migrations.current_version(conn, store.t) == migrations.LATEST
         assert store.stall_facts(["r0"]) == {"r0": (None, [2.0])}  # read before: no clock yet
         assert store.run("r0").status == "running"  # every row kept
         for plan, state in zip(plans[1:], STATUSES):  # every state rpg knows now is recorded

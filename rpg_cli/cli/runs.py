@@ -40,6 +40,12 @@ def runs_command(
     wide: bool = typer.Option(
         False, "--wide", metavar="", help="Show each failure reason whole instead of its first 60 characters."
     ),
+    show_all: bool = typer.Option(
+        False,
+        "--all",
+        metavar="",
+        help="A row per run however many match (above 200, the table has a row per sweep: its runs by state).",
+    ),
     db: str = db_option(),
     address: str = address_option(),
     runs_dir: str = runs_dir_option(),
@@ -50,19 +56,21 @@ def runs_command(
     of each one's last val-core mean@k. Runs recorded as live are first checked with the Ray cluster
     (a run that finished unwatched shows as finished); when no cluster answers, they are shown as
     last recorded, marked ?. A run whose metrics.jsonl was truncated or rewritten after the store read
-    it is marked ! (the store kept what it had read instead of believing the file).
+    it is marked ! (the store kept what it had read instead of believing the file). Above 200 runs the
+    table has one row per sweep, its runs counted by state (--all: one row per run; CSV and JSON always).
 
     Examples:
 
+      rpg runs --all
       rpg runs --where algorithm=rpg --where kl=ufkl,urkl
       rpg runs --sweep smoke --format csv
       rpg runs --status failed --wide
     """
-    from rpg_cli.report import ReportError, runs_summary, summary_csv, wall_text
-    from rpg_cli.report.summary import TABLE_FIELDS, TABLE_TITLES
+    from rpg_cli.report import ReportError, runs_summary, summary_csv
+    from rpg_cli.report.summary import SUMMARIZE_ABOVE
     from rpg_cli.states import STATUSES
     from rpg_cli.store import EmptyStoreError, NoStoreError, StoreError, open_store
-    from rpg_cli.watch import STALL_FACTOR, STALL_FLOOR_S, duration
+    from rpg_cli.watch import STALL_FACTOR, STALL_FLOOR_S
 
     check_format("runs", output_format, RUNS_FORMATS)
     wanted = comma_list(status)
@@ -97,7 +105,61 @@ def runs_command(
         filters = [name for name, given in (("--sweep", sweep_name), ("--status", status), ("--where", where)) if given]
         typer.echo("0 runs" + (f": none matches {', '.join(filters)}" if filters else ""))
         return
+
+    summarize = len(rows) > SUMMARIZE_ABOVE and not show_all
+    table, cut = (
+        (_sweeps_table(rows, sweep_name), 0) if summarize else _runs_table(rows, sweep_name, stale, changed, wide)
+    )
+    console = make_console()
+    if not console.is_terminal:  # a pipe or a file: every row whole on one line, however long its names
+        unbounded = console.options.update_width(1_000_000)
+        console.width = max(console.width, console.measure(table, options=unbounded).maximum)
+    console.print(table)
+    counts = {s: sum(r["status"] == s for r in rows) for s in STATUSES}
+    stalls = sum(r["stalled_s"] is not None for r in rows)
+    console.print(
+        f"{len(rows)} run{'' if len(rows) == 1 else 's'}: "
+        + ", ".join(
+            f"{n} {s}" + (f" ({stalls} stalled)" if s == "running" and stalls else "") for s, n in counts.items() if n
+        )
+        + (f" ({cut} failure reason(s) cut short: --wide shows them whole)" if cut else ""),
+        highlight=False,
+    )
+    if summarize:
+        console.print(
+            f"one row per sweep (more than {SUMMARIZE_ABOVE} runs): `rpg runs --sweep NAME --status STATE` lists "
+            "some, --all lists every run (--format csv or json: every run, every column)",
+            highlight=False,
+            markup=False,
+        )
+        if stale:
+            console.print(
+                f"? {len(stale)} live run(s) shown as last recorded: no cluster answered", highlight=False, markup=False
+            )
+    if stalls:
+        console.print(
+            f"stalled: running, but no new metrics for longer than the spec's watch.stall allows (by default "
+            f"{STALL_FACTOR:g} x its median step, at least {STALL_FLOOR_S:g} s); `rpg logs RUN` shows its output, "
+            "`rpg sweep SPEC --stall-timeout SECONDS` stops and fails such runs (--retry-failed resumes them)",
+            highlight=False,
+        )
+    if changed:
+        console.print(
+            f"! {len(changed)} run(s) whose metrics.jsonl no longer matches what the store read (truncated or "
+            "rewritten): the store kept its rows and did not believe the file: "
+            + "; ".join(f"{r['name']} ({changed[r['id']]})" for r in rows if r["id"] in changed),
+            highlight=False,
+            markup=False,
+        )
+
+
+def _runs_table(rows: list[dict], sweep_name: str | None, stale, changed: dict, wide: bool):
+    """The terminal table of `rpg runs`: one row per run; with how many failure reasons it cut short."""
     from rich.table import Table
+
+    from rpg_cli.report import wall_text
+    from rpg_cli.report.summary import TABLE_FIELDS, TABLE_TITLES
+    from rpg_cli.watch import duration
 
     table = Table(title=f"runs of {sweep_name}" if sweep_name else "runs")
     longest_name = max(len(r["name"]) for r in rows)
@@ -133,36 +195,36 @@ def runs_command(
             (r["started"] or "-")[:16],
             error.replace("[", r"\["),
         )
-    console = make_console()
-    if not console.is_terminal:  # a pipe or a file: every row whole on one line, however long its names
-        unbounded = console.options.update_width(1_000_000)
-        console.width = max(console.width, console.measure(table, options=unbounded).maximum)
-    console.print(table)
-    counts = {s: sum(r["status"] == s for r in rows) for s in STATUSES}
-    stalls = sum(r["stalled_s"] is not None for r in rows)
-    console.print(
-        f"{len(rows)} run{'' if len(rows) == 1 else 's'}: "
-        + ", ".join(
-            f"{n} {s}" + (f" ({stalls} stalled)" if s == "running" and stalls else "") for s, n in counts.items() if n
+    return table, cut
+
+
+def _sweeps_table(rows: list[dict], sweep_name: str | None):
+    """The terminal table of `rpg runs` over many runs: one row per sweep, its runs counted by state (the
+    states no run is in left out), the steps reached and the latest start."""
+    from rich.table import Table
+
+    from rpg_cli.report.summary import sweeps_summary
+    from rpg_cli.states import STATUSES
+
+    sweeps = sweeps_summary(rows)
+    states = [s for s in STATUSES if any(sweep[s] for sweep in sweeps)]
+    stalls = any(sweep["stalled"] for sweep in sweeps)
+    table = Table(title=f"runs of {sweep_name}, per sweep" if sweep_name else "runs per sweep")
+    table.add_column("sweep", no_wrap=True)
+    for title in ("runs", *states, *(("stalled",) if stalls else ()), "steps"):
+        table.add_column(title, justify="right", no_wrap=True)
+    table.add_column("last started (UTC)", no_wrap=True)
+    for sweep in sweeps:
+        low, high = sweep["step_min"], sweep["step_max"]
+        table.add_row(
+            sweep["sweep"],
+            str(sweep["runs"]),
+            *(str(sweep[s]) if sweep[s] else "-" for s in states),
+            *((str(sweep["stalled"]) if sweep["stalled"] else "-",) if stalls else ()),
+            "-" if low is None else str(low) if low == high else f"{low}-{high}",
+            (sweep["started"] or "-")[:16],
         )
-        + (f" ({cut} failure reason(s) cut short: --wide shows them whole)" if cut else ""),
-        highlight=False,
-    )
-    if stalls:
-        console.print(
-            f"stalled: running, but no new metrics for longer than the spec's watch.stall allows (by default "
-            f"{STALL_FACTOR:g} x its median step, at least {STALL_FLOOR_S:g} s); `rpg logs RUN` shows its output, "
-            "`rpg sweep SPEC --stall-timeout SECONDS` stops and fails such runs (--retry-failed resumes them)",
-            highlight=False,
-        )
-    if changed:
-        console.print(
-            f"! {len(changed)} run(s) whose metrics.jsonl no longer matches what the store read (truncated or "
-            "rewritten): the store kept its rows and did not believe the file: "
-            + "; ".join(f"{r['name']} ({changed[r['id']]})" for r in rows if r["id"] in changed),
-            highlight=False,
-            markup=False,
-        )
+    return table
 
 
 @rpg_command("logs")

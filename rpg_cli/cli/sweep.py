@@ -15,6 +15,13 @@ def sweep(
     dry_run: bool = typer.Option(
         False, "--dry-run", metavar="", help="Print the plan (runs, their state in the store) and write nothing."
     ),
+    check: bool = typer.Option(
+        False,
+        "--check",
+        metavar="",
+        help="With --dry-run: also run the backend's pre-submission check (verl: its plugin loads and its config "
+        "takes the runs' overrides, once per distinct configuration) and print its verdicts; exit 2 if it refuses.",
+    ),
     output_format: str = typer.Option(
         "table",
         "--format",
@@ -67,6 +74,9 @@ def sweep(
       # the 20 runs of a paper grid and their state; nothing is written
       rpg sweep experiments/paper-qwen3-4b.yaml --dry-run
 
+      # ... and whether verl takes their configuration, as a submission checks it
+      rpg sweep experiments/paper-qwen3-4b.yaml --dry-run --check
+
       # on a GPU cluster, without waiting for the runs to finish
       rpg sweep experiments/paper-qwen3-4b.yaml --address http://head:8265 \\
           --detach
@@ -81,6 +91,8 @@ def sweep(
         raise typer.BadParameter(f"{backend!r}; allowed: verl, local", param_hint="--backend")
     if stall_timeout is not None and not (stall_timeout >= 0 and stall_timeout < float("inf")):
         raise typer.BadParameter(f"{stall_timeout!r}; allowed: seconds >= 0", param_hint="--stall-timeout")
+    if check and not dry_run:
+        raise typer.BadParameter("goes with --dry-run (a submission always runs the check)", param_hint="--check")
     if stall_timeout is not None and detach:
         raise typer.BadParameter(
             "stops stalled runs while `rpg sweep` follows them; drop --detach, or --stall-timeout",
@@ -112,6 +124,8 @@ def sweep(
     except Exception as e:  # a store we cannot read must not hide the plan
         warn("sweep", f"cannot read run states from {db} ({type(e).__name__}: {e}); showing them as unknown")
         states = {p.id: "unknown" for p in plans}
+    checked = _config_checks(plans, states) if check and output_format == "json" else None
+    verdicts = _verdicts(checked) if checked is not None else None
     if output_format == "json":
         import json
 
@@ -130,6 +144,7 @@ def sweep(
                 "validation": (cost := validation_cost(p.spec)) and cost.as_dict(),
                 "scorers": describe_scorers(p.spec),
                 **figures[p.id],
+                **({"check": verdicts.get(p.name)} if verdicts is not None else {}),
             }
             for p in plans
         ]
@@ -137,8 +152,73 @@ def sweep(
     else:
         _print_sweep_plan(plans, states, retry_failed)
     _print_elsewhere(plans, states, db)
-    if _print_checks(plans, states, retry_failed):
+    bad_inputs = _print_checks(plans, states, retry_failed)
+    if check and checked is None:  # the plan is on screen first: the check takes a while
+        checked = _config_checks(plans, states)
+        for line in _config_check_lines(checked):
+            typer.echo(line)
+    if checked is not None:
+        _say_check_times(checked)
+    if bad_inputs or (checked and any(c is not None and c.refused for c in checked.values())):
         raise typer.Exit(2)
+
+
+def _config_checks(plans: list, states: dict[str, str]) -> dict:
+    """Each backend's pre-submission check of the runs (orchestration/preflight.py); one line and exit 2 when a
+    check cannot run (the plugin does not load, a stage runs out of time)."""
+    from rpg_cli.orchestration.preflight import check_configs
+
+    try:
+        return check_configs(plans, states)
+    except RuntimeError as e:
+        fail("sweep", e)
+
+
+def _names(runs: tuple[str, ...], shown: int = 3) -> str:
+    more = f" and {len(runs) - shown:,} more" if len(runs) > shown else ""
+    return ", ".join(runs[:shown]) + more
+
+
+def _config_check_lines(checked: dict) -> list[str]:
+    """`--check`'s verdicts: per backend, how many distinct configurations its runs make, how many runs it
+    takes, and a line per refused configuration naming its runs and the reason (masked like every printout)."""
+    from rpg_cli.store.url import redact
+
+    lines = [] if checked else ["check: nothing to check (every run succeeded)"]
+    for backend, found in checked.items():
+        if found is None:
+            lines.append(f"{backend} check: none (backend {backend} has no pre-submission check)")
+            continue
+        runs, n = sum(len(v.runs) for v in found.verdicts), len(found.verdicts)
+        lines.append(
+            f"{backend} check: {runs:,} run(s) in {n:,} distinct configuration(s), each checked once ({found.alike})"
+        )
+        taken = [v for v in found.verdicts if v.refusal is None]
+        if taken:
+            lines.append(
+                f"{backend} check: ok: {sum(len(v.runs) for v in taken):,} run(s) ({len(taken):,} configuration(s))"
+            )
+        for v in found.refused:
+            lines.append(f"{backend} check: refused: {len(v.runs):,} run(s) ({_names(v.runs)}): {v.refusal}")
+    return [redact(line) for line in lines]
+
+
+def _verdicts(checked: dict) -> dict[str, str]:
+    """Each checked run's verdict for --format json: "ok", or the backend's refusal (a run not in it: not checked,
+    as succeeded, or of a backend without a check)."""
+    return {
+        name: "ok" if v.refusal is None else v.refusal
+        for found in checked.values()
+        if found is not None
+        for v in found.verdicts
+        for name in v.runs
+    }
+
+
+def _say_check_times(checked: dict) -> None:
+    for backend, found in checked.items():
+        if found is not None:
+            warn("sweep", f"the {backend} check took {found.total_s:.1f} s ({found.import_s:.1f} s importing)")
 
 
 def _print_elsewhere(plans: list, states: dict[str, str], db: str) -> None:

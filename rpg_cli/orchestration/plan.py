@@ -13,6 +13,8 @@ through one module, `rpg_cli.backends.<name>.launch`:
     footprint(spec) -> {name: number}   optional: the dry run's figures, gpu_memory_gib (a GPU's estimated
                                           peak), disk_gb (what its checkpoints leave), disk_peak_gb; None: unknown
     check_install({run name: entrypoint}) optional: raise RuntimeError (one line) before any submission
+    check_configs({run name: entrypoint}) optional: what check_install checks, as verdicts, without submitting
+                                          (`rpg sweep --dry-run --check`: orchestration/preflight.py)
     check_node([(entrypoint, env)])       optional: this machine checked as a node of these runs (`rpg doctor`):
                                           dicts of status (ok, missing, warn), name, ok, needed, detail, fix
     check_cluster(client, [(entrypoint, env)])

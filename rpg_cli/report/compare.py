@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from rpg_cli import stats
-from rpg_cli.report.evidence import Evidence, aligned
+from rpg_cli.report.evidence import Evidence, aligned, wanted_steps
 from rpg_cli.report.names import BENCHMARK_ORDER, method_labels
 from rpg_cli.report.options import CompareOptions, given
 from rpg_cli.report.scores import (
@@ -268,6 +268,7 @@ def compare_groups(
             picks.append((r.id, options.step))
             values.append(logged[options.step])
         steps_used |= {s for _, s in picks}
+        evidence.read(bench, wanted_steps(picks))  # only the compared steps' samples, in one query
         matrix = aligned([evidence.problems(run_id, s, bench) for run_id, s in picks])
         if matrix is None:
             if origin.evaluated:

@@ -7,7 +7,7 @@ maj@k, which needs the answers). Always under the one scorer and protocol a run'
 from __future__ import annotations
 
 from collections import defaultdict
-from collections.abc import Sequence
+from collections.abc import Collection, Mapping, Sequence
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -25,26 +25,45 @@ Pick = tuple[str, "int | None"]
 
 
 class Evidence:
-    """Per-step benchmark scores and per-problem scores of the runs of a `Scores`, read once."""
+    """Per-step benchmark scores of the runs of a `Scores` (read at once: the `evals` rows, a few per
+    step), and the per-problem scores of only the evaluations a table or comparison shows (`read`): the
+    samples table holds every sample of every checkpoint, so what is read grows with what is shown, not
+    with what is stored."""
 
     def __init__(self, store: Store, result: Scores):
         self.result = result
+        self._store = store
         self._series: dict[tuple[str, str], dict[int, float]] = {}
         self._problems: dict[tuple[str, int, str], dict[str, float]] = {}
-        by_origin: dict[Origin, list[str]] = defaultdict(list)
+        self._read: set[tuple[str, int, str]] = set()  # (run id, step, benchmark) whose problems were asked for
+        self._origins: dict[Origin, list[str]] = defaultdict(list)
         for run_id, origin in result.origins.items():
-            by_origin[origin].append(run_id)
-        for origin, ids in by_origin.items():
-            if origin.protocol is None:
+            self._origins[origin].append(run_id)
+        for origin, ids in self._origins.items():
+            if origin.protocol is not None:
+                self._series.update(
+                    store.eval_series(ids, origin.names, origin.k, origin.scorer, dict(origin.protocol))
+                )
+
+    def read(self, bench: str, steps: Mapping[str, Collection[int]]) -> None:
+        """Read the per-problem scores of `bench` at these steps of each run (one query per source),
+        under each run's own scorer and protocol; only runs scored by `rpg eval` with mean or pass have them."""
+        for origin, ids in self._origins.items():
+            if origin.protocol is None or not origin.evaluated or origin.stat not in ("mean", "pass"):
                 continue
+            wanted = {r: sorted(set(steps[r]) - {None}) for r in ids if steps.get(r)}
+            wanted = {r: s for r, s in wanted.items() if s}
+            if not wanted:
+                continue
+            self._read |= {(r, step, bench) for r, s in wanted.items() for step in s}
             protocol = dict(origin.protocol)
-            self._series.update(store.eval_series(ids, origin.names, origin.k, origin.scorer, protocol))
-            if not origin.evaluated or origin.stat not in ("mean", "pass"):
-                continue
-            wanted = tuple(protocol[name] for name in PROTOCOL)
-            for row in store.problem_scores(ids, scorer=origin.scorer):
-                if tuple(getattr(row, name) for name in PROTOCOL) != wanted:
-                    continue
+            expected = tuple(protocol[name] for name in PROTOCOL)
+            rows = self._store.problem_scores(
+                list(wanted), benchmark=bench, scorer=origin.scorer, steps=wanted, protocol=protocol
+            )
+            for row in rows:
+                if tuple(getattr(row, name) for name in PROTOCOL) != expected:
+                    continue  # never another protocol's samples, whatever the store was asked
                 value = row.accuracy
                 if origin.stat == "pass":
                     if origin.k > row.n:
@@ -57,8 +76,22 @@ class Evidence:
         return self._series.get((run_id, bench), {})
 
     def problems(self, run_id: str, step: int | None, bench: str) -> dict[str, float] | None:
-        """{problem fingerprint: score} of the run's evaluation at `step`; None without samples."""
-        return None if step is None else self._problems.get((run_id, step, bench))
+        """{problem fingerprint: score} of the run's evaluation at `step`; None without samples. Read
+        here when `read` was not asked for it (callers ask first, in one query per benchmark)."""
+        if step is None:
+            return None
+        if (run_id, step, bench) not in self._read:
+            self.read(bench, {run_id: [step]})
+        return self._problems.get((run_id, step, bench))
+
+
+def wanted_steps(picks: Sequence[Pick]) -> dict[str, set[int]]:
+    """{run id: steps} of picks: what `Evidence.read` is asked for."""
+    out: dict[str, set[int]] = defaultdict(set)
+    for run_id, step in picks:
+        if step is not None:
+            out[run_id].add(step)
+    return dict(out)
 
 
 def aligned(per_run: Sequence[dict[str, float] | None]) -> tuple[np.ndarray, tuple[str, ...]] | None:

@@ -142,10 +142,11 @@ def method_sort_key(label: str) -> tuple[int, str]:
     return (METHOD_ORDER.index(base) if base in METHOD_ORDER else len(METHOD_ORDER), label)
 
 
-def run_labels(runs: Sequence[RunRecord], seed: bool = True) -> dict[str, str]:
+def run_labels(runs: Sequence[RunRecord], seed: bool = True, variants: bool = True) -> dict[str, str]:
     """A legend label per run: its method, plus model, context and seed (unless seed=False: then the
-    seeds of a method share it) where the runs differ in them."""
-    labels = method_labels({r.id: r.spec for r in runs})
+    seeds of a method share it) where the runs differ in them. variants=False: the method's base name
+    only (`method_base`), so that every cell of a grid that runs the method shares it."""
+    labels = method_labels({r.id: r.spec for r in runs}) if variants else {r.id: method_base(r.spec) for r in runs}
     varies = {k: len({str(r.spec.get(k)) for r in runs}) > 1 for k in ("model", "context", "seed")}
     out = {}
     for r in runs:

@@ -1,7 +1,8 @@
 """Training dynamics from the store: one panel per metric (reward, entropy, response length, KL, the
 validation score per benchmark), one line per method (the mean over its seeds) with a shaded 95% band
-(rpg_cli.stats.curve_band), optionally each seed's run as a thin line. matplotlib is imported only when
-a figure is drawn."""
+(rpg_cli.stats.curve_band), optionally each seed's run as a thin line. A grid of more cells than a legend
+can hold (MAX_CELLS) gets one line per method, its cells averaged, never a line per cell. matplotlib is
+imported only when a figure is drawn."""
 
 from __future__ import annotations
 
@@ -102,11 +103,69 @@ def smooth(values: Sequence[float], window: int) -> list[float]:
     return out
 
 
+# Above this many cells (a method and its settings, on a model and context), a figure draws one line per method:
+# the mean of its cells' curves, its band over them; never hundreds of lines and legend entries nobody can read.
+MAX_CELLS = 12
+CELLS_MEANING = (
+    "one line per method: the mean over its cells (its settings) of each one's mean over seeds; band: 95% "
+    "confidence interval of that mean (t over cells, per step, within the metric's range)"
+)
+
+
+@dataclass
+class Line:
+    """One line of every panel, with its band: a cell (its runs are seeds) or, over many cells, a method
+    (its runs grouped by cell: each cell's mean curve is one unit of the band)."""
+
+    label: str
+    cells: list[list[str]]  # run ids, one list per cell
+
+
+def plot_lines(runs: Sequence[Any]) -> list[Line]:
+    """The lines a figure draws, in the table's method order: one per cell (a method with its settings,
+    its seeds averaged) while there are at most MAX_CELLS, else one per method (its cells averaged)."""
+    labels = run_labels(runs, seed=False)
+    ordered = sorted(runs, key=lambda r: (method_sort_key(labels[r.id].split(" · ")[0]), labels[r.id]))
+    cells: dict[str, list[str]] = {}
+    for r in ordered:
+        cells.setdefault(labels[r.id], []).append(r.id)
+    if len(cells) <= MAX_CELLS:
+        return [Line(label, [ids]) for label, ids in cells.items()]
+    bases = run_labels(runs, seed=False, variants=False)
+    methods: dict[str, list[list[str]]] = {}
+    for ids in cells.values():
+        methods.setdefault(bases[ids[0]], []).append(ids)
+    ranked = sorted(methods.items(), key=lambda kv: (method_sort_key(kv[0].split(" · ")[0]), kv[0]))
+    return [Line(base, grouped) for base, grouped in ranked]
+
+
+def _line_curves(
+    line: Line, data: dict, key: str, window: int, grouped: bool
+) -> tuple[list[tuple[Any, list[float]]], list[tuple[Any, list[float]]], int]:
+    """(the band's units, every run's smoothed curve, cells with data) of one line in one panel: the units
+    are the runs (seeds) of a cell, or with `grouped` each cell's mean curve (a method with one cell: no band)."""
+    runs, units, cells = [], [], 0
+    for ids in line.cells:
+        curves = [(data[(r, key)][0], smooth(data[(r, key)][1], window)) for r in ids if (r, key) in data]
+        if not curves:
+            continue
+        cells += 1
+        runs += curves
+        if grouped and len(curves) == 1:  # a cell of one seed: its curve is its mean
+            units.append(curves[0])
+        elif grouped:
+            mean = curve_band(curves)
+            units.append((mean.steps, list(mean.mean)))
+    return (units if grouped else runs), runs, cells
+
+
 def plot_training(store: Store, options: PlotOptions | None = None, **fields: Any) -> Figure:
     """Training dynamics: one panel per metric (val: per benchmark), one line per method (the mean over
     its seeds, each seed's curve smoothed first) with its 95% band, and with per_seed each run as a thin
-    line; shared legend below the panels, the band's meaning in the title. With strict=False, metrics
-    nobody logged are left out instead of an error. Uses matplotlib's Agg backend (no display needed)."""
+    line; shared legend below the panels, the band's meaning in the title. Over more than MAX_CELLS cells
+    (a grid's settings), one line per method: the mean of its cells' mean curves, the band over its cells.
+    With strict=False, metrics nobody logged are left out instead of an error. Uses matplotlib's Agg
+    backend (no display needed)."""
     options = given(PlotOptions, options, fields)
     import matplotlib
 
@@ -117,29 +176,26 @@ def plot_training(store: Store, options: PlotOptions | None = None, **fields: An
     ids = [r.id for r in runs]
     panels = plot_panels(store, ids, options.metrics, options.strict)
     data = store.series(ids, sorted({p.key for p in panels}))
-    labels = run_labels(runs, seed=False)
-    methods: dict[str, list[str]] = {}
-    for r in sorted(runs, key=lambda r: (method_sort_key(labels[r.id].split(" · ")[0]), labels[r.id])):
-        methods.setdefault(labels[r.id], []).append(r.id)
-    colors = matplotlib.colormaps["tab10" if len(methods) <= 10 else "tab20"]
+    lines = plot_lines(runs)
+    grouped = any(len(line.cells) > 1 for line in lines)  # more than MAX_CELLS cells: a line per method
+    colors = matplotlib.colormaps["tab10" if len(lines) <= 10 else "tab20"]
 
     ncols = min(3, len(panels))
     nrows = math.ceil(len(panels) / ncols)
     fig = Figure(figsize=(4.6 * ncols, 3.3 * nrows), layout="constrained")
     axes = fig.subplots(nrows, ncols, squeeze=False).ravel()
     for ax, panel in zip(axes, panels):
-        for i, (label, ids) in enumerate(methods.items()):
-            curves = [
-                (data[(r, panel.key)][0], smooth(data[(r, panel.key)][1], options.smooth_window))
-                for r in ids
-                if (r, panel.key) in data
-            ]
+        for i, line in enumerate(lines):
+            units, curves, cells = _line_curves(line, data, panel.key, options.smooth_window, grouped)
             if not curves:
                 continue
             color = colors(i % colors.N)
-            band = curve_band(curves, bounds=bounds(panel.key))  # the range its metric cannot leave
-            seeds = f" ({len(curves)} seeds)" if len(curves) > 1 else ""
-            ax.plot(band.steps, band.mean, label=label + seeds, color=color, linewidth=1.6)
+            band = curve_band(units, bounds=bounds(panel.key))  # the range its metric cannot leave
+            if grouped:
+                count = f" ({cells} cell{'s' if cells > 1 else ''}, {len(curves)} run{'s' if len(curves) > 1 else ''})"
+            else:
+                count = f" ({len(curves)} seeds)" if len(curves) > 1 else ""
+            ax.plot(band.steps, band.mean, label=line.label + count, color=color, linewidth=1.6)
             ax.fill_between(band.steps, band.low, band.high, color=color, alpha=0.2, linewidth=0)
             if options.per_seed:
                 for steps, values in curves:
@@ -160,7 +216,7 @@ def plot_training(store: Store, options: PlotOptions | None = None, **fields: An
     fig.suptitle(
         f"{options.sweep or 'all runs'}: training dynamics"
         + (f" (moving average over {options.smooth_window} steps)" if options.smooth_window > 1 else "")
-        + f"\n{BAND_MEANING}"
+        + f"\n{CELLS_MEANING if grouped else BAND_MEANING}"
         + ("; thin lines: single seeds" if options.per_seed else ""),
         fontsize="medium",
     )

@@ -45,6 +45,9 @@ TABLE_FIELDS = tuple(
     f for f in SUMMARY_FIELDS if f not in ("wall_s", "submitted", "finished", "stalled_s", "last_line")
 )
 TABLE_TITLES = {"val": "val acc", "queued_s": "queued", "run_s": "run", "started": "started (UTC)"}
+# Above this many runs `rpg runs` prints one row per sweep (`--all`: every run): a terminal table of thousands of
+# rows is read by nobody and costs seconds to lay out; CSV and JSON always hold every run.
+SUMMARIZE_ABOVE = 200
 
 
 def parse_where(clauses: Sequence[str]) -> list[tuple[str, bool, list[Any]]]:
@@ -370,6 +373,31 @@ def runs_summary(
             }
         )
     return out
+
+
+def sweeps_summary(rows: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+    """One row per sweep of `runs_summary`'s rows, in their order: how many runs, how many in each state
+    (STATUSES), how many of the running ones stalled, the lowest and highest step reached, the latest
+    start: what `rpg runs` shows of a store with more runs than a terminal table can hold."""
+    from rpg_cli.states import STATUSES
+
+    out: dict[str, dict[str, Any]] = {}
+    for r in rows:
+        sweep = out.setdefault(
+            r["sweep"],
+            {"sweep": r["sweep"], "runs": 0, **dict.fromkeys(STATUSES, 0), "stalled": 0, "steps": [], "started": None},
+        )
+        sweep["runs"] += 1
+        sweep[r["status"]] = sweep.get(r["status"], 0) + 1
+        sweep["stalled"] += r["stalled_s"] is not None
+        if r["step"] is not None:
+            sweep["steps"].append(r["step"])
+        if r["started"] is not None and (sweep["started"] is None or r["started"] > sweep["started"]):
+            sweep["started"] = r["started"]
+    for sweep in out.values():
+        steps = sweep.pop("steps")
+        sweep["step_min"], sweep["step_max"] = (min(steps), max(steps)) if steps else (None, None)
+    return list(out.values())
 
 
 def _when(at: datetime | None) -> str | None:

@@ -29,7 +29,7 @@ from importlib import resources
 from typing import TYPE_CHECKING, Any
 
 from rpg_cli import stats
-from rpg_cli.report.evidence import Evidence, cell_interval
+from rpg_cli.report.evidence import Evidence, Pick, cell_interval, wanted_steps
 from rpg_cli.report.names import (
     BENCHMARK_ORDER,
     CONTEXT_ORDER,
@@ -190,6 +190,7 @@ def build_table(store: Store, options: TableOptions | None = None, **fields: Any
     sources: list[str] = []
     for position, result in enumerate(sections):
         evidence = Evidence(store, result)
+        _read_shown(evidence, result, tests, which, options.select_on)
         scored = [r for r in finished if r.id in result.values]
         scored_ids |= {r.id for r in scored}
         shown = scored + ([r for r in runs if r.id in lost] if position == 0 else [])  # the unfinished: first section
@@ -305,26 +306,53 @@ def _scored_cell(
 ) -> Cell:
     if kind == "best_test":  # the maximum over steps: no single step, so no per-problem scores
         return _means_cell([result.values[r][bench].best for r in have], fixed_problems)
-    if kind == "last":
-        picks = [(r, result.values[r][bench].last_step) for r in have]
-        values = [result.values[r][bench].last for r in have]
-    else:
-        picks, values = [], []
-        for r in have:
-            selection, test = evidence.steps(r, select_on), evidence.steps(r, bench)
-            candidates = [step for step in test if step in selection]
-            if candidates:  # the highest selection score; the earliest step on a tie
-                step = max(candidates, key=lambda s: (selection[s], -s))
-                picks.append((r, step))
-                values.append(test[step])
-        if not picks:
-            return Cell()
+    picks, values = _picks(evidence, result, have, bench, kind, select_on)
+    if not picks:
+        return Cell()
     try:
         cell = Cell.of(cell_interval(evidence, picks, values, bench, fixed_problems))
     except stats.StatsError:  # not an accuracy (a reward in [-1, 1] logged as validation): no interval
         cell = Cell(statistics.fmean(values), n=len(values), covers=NO_ACCURACY)
     cell.steps = tuple(step for _, step in picks)
     return cell
+
+
+def _picks(
+    evidence: Evidence, result: Scores, have: Iterable[str], bench: str, kind: str, select_on: str | None
+) -> tuple[list[Pick], list[float]]:
+    """The (run, step) each run is scored at in a Last or Best (val-selected) column, with its score
+    there: Last, its final evaluated step; val-selected, its step with the highest `select_on` score
+    among those scored on `bench` too (the earliest on a tie)."""
+    picks, values = [], []
+    for r in have:
+        if kind == "last":
+            picks.append((r, result.values[r][bench].last_step))
+            values.append(result.values[r][bench].last)
+            continue
+        selection, test = evidence.steps(r, select_on), evidence.steps(r, bench)
+        candidates = [step for step in test if step in selection]
+        if candidates:
+            step = max(candidates, key=lambda s: (selection[s], -s))
+            picks.append((r, step))
+            values.append(test[step])
+    return picks, values
+
+
+def _read_shown(
+    evidence: Evidence, result: Scores, tests: list[str], which: tuple[str, ...], select_on: str | None
+) -> None:
+    """Ask the store, once per benchmark, for the per-problem scores of only the steps the table's cells
+    pick (Last, the val-selected step): never every checkpoint's samples."""
+    for bench in tests:
+        have = [r for r, by_bench in result.values.items() if bench in by_bench]
+        picks = [
+            p
+            for kind in which
+            if kind != "best_test"
+            for p in _picks(evidence, result, have, bench, kind, select_on)[0]
+        ]
+        if picks:
+            evidence.read(bench, wanted_steps(picks))
 
 
 def _means_cell(values: list[float], fixed_problems: bool = False) -> Cell:

@@ -4,6 +4,7 @@
     schema      the tables;  migrations: schema versions, upgraded in place on open
     db          Store (runs, states, ingestion, evals, samples) and open_store
     queries     the read-only queries of the report and `rpg eval` (mixed into Store)
+    bulk        many rows into one table in each dialect's fastest words (PostgreSQL: COPY, one INSERT)
     ingest      metrics.jsonl -> metric rows and verl's validation scores (pure Python)
     light       the run states the dry run reads, with the standard library only
 

@@ -16,7 +16,7 @@ from typing import Any
 
 import sqlalchemy as sa
 
-from rpg_cli.store.schema import STATUS_CHECK, Schema, schema, status_check
+from rpg_cli.store.schema import SAMPLES_KEY, STATUS_CHECK, Schema, schema, status_check
 from rpg_cli.store.url import StoreError
 
 # ------------------------------------------------------------------------------------------ version 2
@@ -156,8 +156,55 @@ def renew_status_check(conn: sa.Connection) -> None:
     conn.exec_driver_sql(f"ALTER TABLE runs ADD CONSTRAINT {STATUS_CHECK} CHECK ({condition})")
 
 
+def _to_v6(conn: sa.Connection) -> None:
+    """Version 6: the samples keyed by evaluation first (schema.SAMPLES_KEY), so that the scores of the
+    evaluations a report shows are read as key ranges, in key order; on SQLite a WITHOUT ROWID table (the
+    11-column key was stored twice: in the rows and in its index). Every row is kept: SQLite copies the table
+    in the new key's order (it cannot change a key in place), PostgreSQL and MySQL rebuild the key's index.
+    A table already laid out so (a database created by a version 2 upgrade of this rpg) is left as it is.
+    And metrics, evals and samples lose their foreign key to runs (schema.py says why)."""
+    _drop_run_foreign_keys(conn)
+    key = list(SAMPLES_KEY)
+    found = sa.inspect(conn).get_pk_constraint("samples")
+    dialect = conn.dialect.name
+    if dialect == "sqlite":
+        ddl = conn.exec_driver_sql("SELECT sql FROM sqlite_master WHERE type = 'table' AND name = 'samples'").scalar()
+        if found["constrained_columns"] == key and "WITHOUT ROWID" in (ddl or "").upper():
+            return
+        columns = ", ".join(c.name for c in schema().samples.columns)
+        conn.exec_driver_sql("ALTER TABLE samples RENAME TO samples_v5")
+        schema().samples.create(conn)
+        conn.exec_driver_sql(
+            f"INSERT INTO samples ({columns}) SELECT {columns} FROM samples_v5 ORDER BY {', '.join(key)}"
+        )
+        conn.exec_driver_sql("DROP TABLE samples_v5")
+        return
+    if found["constrained_columns"] == key:
+        return
+    if dialect in ("mysql", "mariadb"):
+        conn.exec_driver_sql(f"ALTER TABLE samples DROP PRIMARY KEY, ADD PRIMARY KEY ({', '.join(key)})")
+        return
+    name = found.get("name") or "samples_pkey"
+    conn.exec_driver_sql(f'ALTER TABLE samples DROP CONSTRAINT "{name}"')
+    conn.exec_driver_sql(f"ALTER TABLE samples ADD CONSTRAINT samples_pkey PRIMARY KEY ({', '.join(key)})")
+
+
+def _drop_run_foreign_keys(conn: sa.Connection) -> None:
+    """PostgreSQL and MySQL: drop the foreign keys of metrics, evals and samples (SQLite never enforced them;
+    its samples table is rebuilt without one, the others keep the unenforced words)."""
+    if conn.dialect.name == "sqlite":
+        return
+    inspector = sa.inspect(conn)
+    quote = conn.dialect.identifier_preparer.quote
+    for table in ("metrics", "evals", "samples"):
+        for fk in inspector.get_foreign_keys(table):
+            if fk.get("name"):
+                drop = "DROP FOREIGN KEY" if conn.dialect.name in ("mysql", "mariadb") else "DROP CONSTRAINT"
+                conn.exec_driver_sql(f"ALTER TABLE {table} {drop} {quote(fk['name'])}")
+
+
 # version -> the upgrade from version - 1
-MIGRATIONS: dict[int, Callable[[sa.Connection], None]] = {2: _to_v2, 3: _to_v3, 4: _to_v4, 5: _to_v5}
+MIGRATIONS: dict[int, Callable[[sa.Connection], None]] = {2: _to_v2, 3: _to_v3, 4: _to_v4, 5: _to_v5, 6: _to_v6}
 LATEST = max(MIGRATIONS, default=1)
 
 

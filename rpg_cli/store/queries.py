@@ -3,16 +3,17 @@ project lives in this package. Callers decide what to ask (which scorer, which k
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Collection, Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 import sqlalchemy as sa
 
-from rpg_cli.store.schema import PROTOCOL
+from rpg_cli.store.schema import PROTOCOL, SAMPLES_KEY
 
 if TYPE_CHECKING:
     from rpg_cli.store.schema import Schema
 
+PROBLEM_KEYS = 5000  # runs or (run, step) pairs per query of problem_scores: under SQLite's 32,766 parameters
 Protocol = Mapping[str, Any]  # n, temperature, top_p, max_tokens, seed (schema.PROTOCOL): how samples were drawn
 
 
@@ -291,32 +292,95 @@ class Queries:
         step: int | None = None,
         benchmark: str | None = None,
         scorer: str | None = None,
+        *,
+        steps: Mapping[str, Collection[int]] | None = None,
+        protocol: Protocol | None = None,
     ) -> list[ProblemScore]:
         """Per-problem accuracy (correct samples / n) of every evaluation of these runs stored with its
         samples (`rpg eval`), optionally of one step, benchmark or scorer; each with its protocol.
+        `steps`: only these steps of each run (a run it does not name: none); `protocol` (schema.PROTOCOL's
+        five names): only that protocol. None: every step, every protocol.
 
         What interval statistics start from: an evaluation is one (run, step, benchmark, scorer,
         protocol); group the rows by it, never across protocols. Only problems with all n samples
         stored count (an interrupted evaluation has the others still to come). Ordered by run, step,
         benchmark, scorer, protocol, position.
+
+        Reads only what is asked: the samples' key starts with the evaluation (schema.SAMPLES_KEY), so the
+        (run, step)s asked for are key ranges, grouped in key order (no sort of the samples; only the grouped
+        rows, one per problem, are sorted by position). Runs asked for the same steps share one query;
+        PROBLEM_KEYS runs at most each (the driver's parameter limit).
         """
         s = self.t.samples.c
-        proto = [s[name] for name in PROTOCOL]
-        evaluation = [s.run_id, s.step, s.benchmark, s.scorer, *proto]
-        filters = [s.run_id.in_(list(run_ids))]
-        for column, value in ((s.step, step), (s.benchmark, benchmark), (s.scorer, scorer)):
-            if value is not None:
-                filters.append(column == value)
+        evaluation = [s[name] for name in ("run_id", "step", "benchmark", "scorer", *PROTOCOL)]
+        fixed = {"step": step, "benchmark": benchmark, "scorer": scorer, **(protocol or {})}
         correct = sa.func.sum(sa.case((s.correct, 1), else_=0))
-        query = (
+        base = (
             sa.select(*evaluation, s.problem, sa.func.min(s.position), correct, sa.func.count())
-            .where(*filters)
             .group_by(*evaluation, s.problem)
             .having(sa.func.count() == s.n)
             .order_by(*evaluation, sa.func.min(s.position), s.problem)
         )
+        asks = _step_groups(sorted(set(run_ids)), steps, step)
+        out: list[ProblemScore] = []
         with self.engine.connect() as conn:
-            return [ProblemScore(*row[:-2], row[-2] / row[-1]) for row in conn.execute(query)]
+            for ids, wanted in asks:
+                filters = _key_filters(self.t.samples, conn.dialect.name, ids, wanted, fixed)
+                rows = conn.execute(base.where(*filters))
+                out.extend(ProblemScore(*row[:-2], row[-2] / row[-1]) for row in rows)
+            if len(asks) > 1:  # the pieces in the database's order of runs (its collation), each run's kept
+                rank = {run_id: i for i, run_id in enumerate(self._run_order(conn, run_ids))}
+                out.sort(key=lambda row: rank[row.run_id])
+        return out
+
+    def _run_order(self, conn: sa.Connection, run_ids: Sequence[str]) -> list[str]:
+        """These run ids sorted as the database sorts them (ORDER BY: its collation, not Python's); one read of
+        the runs' ids, which every store holds few enough of."""
+        wanted = set(run_ids)
+        ordered = conn.execute(sa.select(self.t.runs.c.id).order_by(self.t.runs.c.id)).scalars()
+        return [run_id for run_id in ordered if run_id in wanted]
+
+
+def _step_groups(
+    ids: list[str], steps: Mapping[str, Collection[int]] | None, step: int | None
+) -> list[tuple[list[str], list[int] | None]]:
+    """(runs, their steps: None for every step) to ask for, PROBLEM_KEYS runs at most each: runs asked for the
+    same steps together (a run `steps` does not name: none of its steps)."""
+    by_steps: dict[tuple[int, ...] | None, list[str]] = {}
+    for run_id in ids:
+        wanted = None if steps is None else tuple(sorted({int(x) for x in steps.get(run_id, ())}))
+        if wanted is not None and step is not None:
+            wanted = tuple(x for x in wanted if x == step)
+        if wanted == ():
+            continue
+        by_steps.setdefault(wanted, []).append(run_id)
+    return [
+        (runs[lo : lo + PROBLEM_KEYS], None if wanted is None else list(wanted))
+        for wanted, runs in by_steps.items()
+        for lo in range(0, len(runs), PROBLEM_KEYS)
+    ]
+
+
+def _key_filters(
+    table: sa.Table, dialect: str, ids: list[str], steps: list[int] | None, fixed: Mapping[str, Any]
+) -> list[Any]:
+    """The WHERE of problem_scores: runs and steps, and each fixed value (None: any). On SQLite, a constraint
+    on a key column after the first one left free is written `+column = value`: SQLite then filters on it
+    instead of grouping the rows over again in a temporary b-tree (they already arrive in the key's order)."""
+    c = table.c
+    filters = [c.run_id.in_(ids)]
+    prefix = True
+    for name in SAMPLES_KEY[1:]:
+        if name == "step" and steps is not None:
+            filters.append(c.step.in_(steps))
+            continue
+        value = fixed.get(name)
+        if value is None:
+            prefix = False
+            continue
+        column = c[name] if prefix or dialect != "sqlite" else sa.literal_column(f"+{table.name}.{name}", c[name].type)
+        filters.append(column == value)
+    return filters
 
 
 def _same(table: sa.Table, protocol: Protocol | None) -> list[Any]:

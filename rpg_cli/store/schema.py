@@ -12,7 +12,7 @@ metric_files  how far each run's metrics.jsonl has been read, and which file tha
               run's current attempt (a stall: rpg_cli/watch.py), and the step that attempt resumed after
               (the watchdog judges the steps it logs, not an earlier attempt's)
 evals         (run, step, benchmark, metric, k, scorer, protocol) -> value, scorer_version
-samples       (run, step, benchmark, problem, sample_index, scorer, protocol) -> position, extracted,
+samples       (run, step, benchmark, scorer, protocol, problem, sample_index) -> position, extracted,
               correct, length; `problem` is a fingerprint of the prompt and the ground truth
 schema_version  one row: the version of this layout (see migrations.py)
 
@@ -48,6 +48,8 @@ class Schema(NamedTuple):
 
 
 PROTOCOL = ("n", "temperature", "top_p", "max_tokens", "seed")
+# the samples' primary key, in its order (v6): an evaluation's rows, then each problem's, are key ranges
+SAMPLES_KEY = ("run_id", "step", "benchmark", "scorer", *PROTOCOL, "problem", "sample_index")
 CHANGED_CHARS = 300  # metric_files.changed: one line
 STATUS_CHECK = "runs_status"  # the constraint that keeps runs.status one of states.STATUSES
 
@@ -57,14 +59,15 @@ def status_check() -> str:
     return "status IN ({})".format(", ".join(f"'{s}'" for s in STATUSES))
 
 
-def protocol_columns() -> list[sa.Column]:
-    """How the samples of a score were drawn (module docstring); part of the primary key."""
+def protocol_columns(key: bool = True) -> list[sa.Column]:
+    """How the samples of a score were drawn (module docstring); part of the primary key (`key` False: the
+    table names its key in a constraint of its own, in its own order)."""
     return [
-        sa.Column("n", sa.Integer, primary_key=True),  # samples per problem
-        sa.Column("temperature", sa.Float, primary_key=True),
-        sa.Column("top_p", sa.Float, primary_key=True),
-        sa.Column("max_tokens", sa.Integer, primary_key=True),
-        sa.Column("seed", sa.Integer, primary_key=True),
+        sa.Column("n", sa.Integer, primary_key=key),  # samples per problem
+        sa.Column("temperature", sa.Float, primary_key=key),
+        sa.Column("top_p", sa.Float, primary_key=key),
+        sa.Column("max_tokens", sa.Integer, primary_key=key),
+        sa.Column("seed", sa.Integer, primary_key=key),
     ]
 
 
@@ -106,10 +109,13 @@ def schema() -> Schema:
     )
     # Primary key (run, key, step): unique on the three, and ordered so that "latest value of key k
     # for run r" is one index seek. WITHOUT ROWID on SQLite: the key is the row, no second b-tree.
+    # metrics, evals and samples name their run without a foreign key (v6): only ingestion writes them, for
+    # runs it has recorded, and no run is ever deleted; PostgreSQL's per-row check of it was a third of its
+    # ingest time, and SQLite (PRAGMA foreign_keys off) never enforced it.
     metrics = sa.Table(
         "metrics",
         md,
-        sa.Column("run_id", sa.String(64), run_fk(), primary_key=True),
+        sa.Column("run_id", sa.String(64), primary_key=True),
         sa.Column("key", sa.String(KEY_CHARS), primary_key=True),
         sa.Column("step", sa.Integer, primary_key=True),
         sa.Column("value", sa.Float),  # NULL stands for NaN (SQLite cannot store NaN)
@@ -136,7 +142,7 @@ def schema() -> Schema:
     evals = sa.Table(
         "evals",
         md,
-        sa.Column("run_id", sa.String(64), run_fk(), primary_key=True),
+        sa.Column("run_id", sa.String(64), primary_key=True),
         sa.Column("step", sa.Integer, primary_key=True),
         sa.Column("benchmark", sa.String(NAME_CHARS), primary_key=True),
         sa.Column("metric", sa.String(16), primary_key=True),  # mean@k | pass@k | maj@k
@@ -146,20 +152,25 @@ def schema() -> Schema:
         sa.Column("value", sa.Float),
         sa.Column("scorer_version", sa.String(NAME_CHARS)),
     )
+    # Primary key (v6): the evaluation (run, step, benchmark, scorer, protocol) first, then problem and sample, so
+    # that per-problem scores of the evaluations a report shows are one range read each, grouped in key order
+    # (queries.problem_scores: no sort of the table). WITHOUT ROWID on SQLite: the key is the row, not stored twice.
     samples = sa.Table(
         "samples",
         md,
-        sa.Column("run_id", sa.String(64), run_fk(), primary_key=True),
-        sa.Column("step", sa.Integer, primary_key=True),
-        sa.Column("benchmark", sa.String(NAME_CHARS), primary_key=True),
-        sa.Column("problem", sa.String(PROBLEM_CHARS), primary_key=True),  # fingerprint of prompt and ground truth
-        sa.Column("sample_index", sa.Integer, primary_key=True),
-        sa.Column("scorer", sa.String(NAME_CHARS), primary_key=True),
-        *protocol_columns(),
+        sa.Column("run_id", sa.String(64)),
+        sa.Column("step", sa.Integer),
+        sa.Column("benchmark", sa.String(NAME_CHARS)),
+        sa.Column("problem", sa.String(PROBLEM_CHARS)),  # fingerprint of prompt and ground truth
+        sa.Column("sample_index", sa.Integer),
+        sa.Column("scorer", sa.String(NAME_CHARS)),
+        *protocol_columns(key=False),
         sa.Column("position", sa.Integer),  # the problem's index among its benchmark's unique problems
         sa.Column("extracted", sa.Text),  # the extracted answer, NULL when none was found
         sa.Column("correct", sa.Boolean, nullable=False),
         sa.Column("response_length", sa.Integer),
+        sa.PrimaryKeyConstraint(*SAMPLES_KEY, name="samples_pkey"),
+        sqlite_with_rowid=False,
     )
     schema_version = sa.Table("schema_version", md, sa.Column("version", sa.Integer, nullable=False))
     return Schema(md, sweeps, runs, sweep_runs, metrics, metric_files, evals, samples, schema_version)

@@ -27,6 +27,7 @@ from rpg_cli.trackers.base import (
     check_server,
     first_line,
     numbers,
+    write,
 )
 
 
@@ -48,7 +49,9 @@ class MlflowSettings(TrackerSettings):
         return uri
 
 
-MLFLOW_METRICS_PER_BATCH = 1000  # MLflow's log_batch limits
+# MLflow's log_batch limits (mlflow.utils.validation): 1,000 metrics of keys up to 250 characters also stay
+# under its 1 MB request limit
+MLFLOW_METRICS_PER_BATCH = 1000
 MLFLOW_PARAMS_PER_BATCH = 100
 MLFLOW_PARAM_CHARS = 6000
 
@@ -133,7 +136,11 @@ def _check_env_uri(uri: str) -> None:
 class MlflowWriter:
     name = "mlflow"
 
-    def __init__(self, info: RunInfo):
+    def __init__(self, info: RunInfo, batched: bool = False):
+        """batched (an export): metrics are sent MLFLOW_METRICS_PER_BATCH at a time across steps, the rest
+        at close; else (a live run) each step's as it is logged."""
+        self.batched = batched
+        self.pending: list[Any] = []  # mlflow.entities.Metric, not sent yet
         settings = info.trackers.mlflow
         assert settings is not None and settings.tracking_uri
         uri = settings.tracking_uri
@@ -185,19 +192,27 @@ class MlflowWriter:
         from mlflow.entities import Metric
 
         now = int(time.time() * 1000)
-        metrics = []
         for key, value in numbers(data).items():
             name = mlflow_key(key)
             if (name, step) not in self.logged:
-                metrics.append(Metric(name, value, now, step))
+                self.pending.append(Metric(name, value, now, step))
                 self.logged.add((name, step))
-        for i in range(0, len(metrics), MLFLOW_METRICS_PER_BATCH):
-            self.client.log_batch(self.run_id, metrics=metrics[i : i + MLFLOW_METRICS_PER_BATCH])
+        self._send(everything=not self.batched)
+
+    def _send(self, everything: bool) -> None:
+        """log_batch calls of MLFLOW_METRICS_PER_BATCH metrics; a last partial one only if `everything`.
+        Each call costs MLflow a transaction and a latest-value update per key (its SQL store: ~40 ms for
+        100 metrics), so an export fills every call rather than sending one step per call."""
+        size = MLFLOW_METRICS_PER_BATCH
+        while len(self.pending) >= size or (everything and self.pending):
+            self.client.log_batch(self.run_id, metrics=self.pending[:size])
+            del self.pending[:size]  # sent: never sent again, should a later call fail
 
     def summary(self, values: Mapping[str, Any]) -> None:
         """Nothing: an MLflow metric's latest value is its summary, and every value is logged at its step."""
 
     def close(self) -> None:
+        self._send(everything=True)
         self.client.set_terminated(self.run_id)
 
 
@@ -254,7 +269,9 @@ class Mlflow(Tracker):
         self, info: RunInfo, steps: dict[int, dict[str, float]], summary: dict[str, float], options: ExportOptions
     ) -> str:
         with http_limits(options.timeout):
-            return super().export_run(info, steps, summary, options)
+            writer = MlflowWriter(info, batched=True)
+            write(writer, steps, summary)
+            return self.where(info, writer)
 
     def export_settings(self, own: MlflowSettings | None, options: ExportOptions) -> MlflowSettings:
         try:

@@ -25,6 +25,18 @@ class WandbSettings(TrackerSettings):
     mode: Literal["online", "offline"] | None = None  # default: WANDB_MODE where the run runs, else online
 
 
+EXPORT_SETTINGS: dict[str, Any] = {
+    "silent": True,
+    "console": "off",
+    "x_disable_stats": True,
+    "x_disable_meta": True,
+    "x_disable_machine_info": True,
+    "x_save_requirements": False,
+    "disable_git": True,
+    "save_code": False,
+}
+
+
 def wandb_run_id(run_id: str) -> str:
     """The W&B run id of an rpg run: the same for the live run, its resumed attempts and `rpg export`."""
     return f"rpg-{run_id}"
@@ -39,10 +51,11 @@ class WandbWriter:
         settings = info.trackers.wandb
         assert settings is not None
         Path(root_dir).mkdir(parents=True, exist_ok=True)
-        # an export has no console to capture and no system to sample
-        extra: dict[str, Any] = {"silent": True, "console": "off", "x_disable_stats": True} if quiet else {}
+        # an export has no console to capture and no system to sample, and the machine, packages and git of
+        # the machine that exports are not the run's: not recorded (W&B's requirements scan alone is ~0.25 s a run)
+        extra: dict[str, Any] = EXPORT_SETTINGS if quiet else {}
         if init_timeout is not None:  # W&B's own: 90 s
-            extra["init_timeout"] = init_timeout
+            extra = {**extra, "init_timeout": init_timeout}
         try:
             self.run = wandb.init(
                 id=wandb_run_id(info.run_id),

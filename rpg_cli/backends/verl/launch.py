@@ -148,10 +148,19 @@ def footprint(spec: ExperimentSpec) -> dict[str, float | None]:
 
 def check_install(entrypoints: dict[str, list[str]] | None = None) -> None:
     """Before any verl run is submitted: the plugin must load in a fresh interpreter, and verl's own config
-    must take each run's overrides (run name -> `entrypoint`), the spec's `verl` block included
-    (RuntimeError, one line, if not)."""
+    must take each run's overrides (run name -> `entrypoint`), the spec's `verl` block included, composed once per
+    distinct configuration (diagnose.ALIKE) (RuntimeError, one line, if not)."""
     configs = {name: overrides_of(argv) for name, argv in (entrypoints or {}).items()}
     diagnose.check_plugin_loads(PLUGIN_MODULE, configs=configs)
+
+
+def check_configs(entrypoints: dict[str, list[str]]) -> diagnose.ConfigCheck:
+    """`rpg sweep --dry-run --check`: what `check_install` checks, without submitting, as verdicts: one per
+    distinct verl configuration of the runs (run name -> `entrypoint`), with the runs that share it (diagnose.ALIKE)
+    and verl's refusal, if any. RuntimeError (one line) when the plugin does not load or the check runs out of
+    time."""
+    configs = {name: overrides_of(argv) for name, argv in entrypoints.items()}
+    return diagnose.check_configs(PLUGIN_MODULE, configs)
 
 
 def check_node(runs: list[tuple[list[str], dict[str, str]]] | None = None) -> list[dict[str, Any]]:
