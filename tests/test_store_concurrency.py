@@ -345,7 +345,7 @@ def test_an_open_that_sqlite_answers_locked_at_once_starts_over(tmp_path, monkey
     assert len(calls) > 2 and store.runs() == []
     store.close()
     calls.clear()
-    monkeypatch.setattr("rpg_cli.store.db.SQLITE_BUSY_TIMEOUT_S", 0.0)
+    monkeypatch.setattr("rpg_cli.store.opening.SQLITE_BUSY_TIMEOUT_S", 0.0)
     monkeypatch.setattr(migrations, "current_version", lambda conn, tables: locked_twice(conn, tables) and 0)
     with pytest.raises(StoreError, match=r"^cannot open the results database .*\(database is locked\); check the"):
         open_store(url)

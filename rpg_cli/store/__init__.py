@@ -2,7 +2,8 @@
 
     url         the one parser of --db values (a SQLAlchemy URL or a SQLite file path)
     schema      the tables;  migrations: schema versions, upgraded in place on open
-    db          Store (runs, states, ingestion, evals, samples) and open_store
+    db          Store (runs, states, ingestion, evals, samples)
+    opening     open_store: a --db URL to a Store (files, driver, SQLite's settings, the upgrade)
     queries     the read-only queries of the report and `rpg eval` (mixed into Store)
     bulk        many rows into one table in each dialect's fastest words (PostgreSQL: COPY, one INSERT)
     ingest      metrics.jsonl -> metric rows and verl's validation scores (pure Python)
@@ -31,16 +32,17 @@ from rpg_cli.store.url import (
 )
 
 if TYPE_CHECKING:
-    from rpg_cli.store.db import PlannedRun, RunRecord, Store, open_store
+    from rpg_cli.store.db import PlannedRun, RunRecord, Store
     from rpg_cli.store.ingest import VERL_VAL_SCORER, parse_metric_lines
     from rpg_cli.store.light import run_states
+    from rpg_cli.store.opening import open_store
     from rpg_cli.store.queries import ProblemScore
 
 _LAZY = {
     "Store": "db",
     "RunRecord": "db",
     "PlannedRun": "db",
-    "open_store": "db",
+    "open_store": "opening",
     "ProblemScore": "queries",
     "parse_metric_lines": "ingest",
     "VERL_VAL_SCORER": "ingest",
