@@ -59,7 +59,12 @@ demo: $(STAMP)
 # Every benchmark runs even when one before it fails; the failed ones are named at the end (exit status 1).
 # bench_scale.py builds stores for minutes: its own target (bench-scale), and a quick run in bench-quick.
 BENCHES       = $(filter-out benchmarks/bench_scale.py,$(sort $(wildcard benchmarks/bench_*.py)))
-RUN_BENCHES   = failed=""; for f in $(1); do echo "== $$f"; $(2) $(PY) $$f || failed="$$failed $$f"; done; \
+# TRL only on bench_local.py's path (TRL_DIR): installed in .venv, TRL 1.16 breaks verl 0.9.1's FSDP workers (verl's
+# monkey_patch.py imports AutoModelForCausalLMWithValueHead whenever trl is importable; TRL 1.16 has none)
+TRL_DIR       = $(VENV)/trl
+RUN_BENCHES   = failed=""; for f in $(1); do echo "== $$f"; \
+	case $$f in *bench_local.py) trl="PYTHONPATH=$(TRL_DIR)";; *) trl="";; esac; \
+	env $$trl $(2) $(PY) $$f || failed="$$failed $$f"; done; \
 	if [ -n "$$failed" ]; then echo "benchmarks that failed:$$failed"; exit 1; fi
 
 bench: $(STAMP) $(VENV)/.bench-installed
@@ -76,9 +81,10 @@ bench-scale: $(STAMP)
 gpu-check: $(STAMP)
 	$(PY) benchmarks/gpu_check.py
 
-# TRL only for the local trainer's comparison benchmark
+# TRL only for the local trainer's comparison benchmark, beside .venv (TRL_DIR above); its dependencies are verl's
 $(VENV)/.bench-installed: $(STAMP)
-	$(PIP) install -q -e ".[$(EXTRAS),bench]" -c constraints.txt
+	$(PIP) uninstall -q -y trl 2>/dev/null || true
+	$(PIP) install -q --no-deps --target $(TRL_DIR) -c constraints.txt "trl>=1.16"
 	touch $@
 
 # The real verl loop on a CPU (README: "The full verl loop on a CPU"): its own environment, every package pinned
