@@ -53,6 +53,7 @@ RESPONSE_CLIPPED = "response_length/clip_ratio"
 PROMPT_LENGTH = "prompt_length/mean"
 # time and progress
 STEP_TIME = "timing_s/step"
+TESTING_TIME = "timing_s/testing"
 THROUGHPUT = "perf/throughput"
 TOKENS = "perf/total_num_tokens"
 GLOBAL_STEP = "training/global_step"
