@@ -167,8 +167,8 @@ def build_store(root: Path, sweeps: int, sizes: Sizes) -> dict[str, float]:
     them; returns how long it took (CPU and wall seconds) and what it holds."""
     from rpg_cli import rundir
     from rpg_cli.evaluation.options import EvalOptions
-    from rpg_cli.evaluation.pipeline import ScoredFeed, finish_eval
     from rpg_cli.evaluation.plan import Checkpoint, EvalPlan, Sampling, Target
+    from rpg_cli.evaluation.recording import ScoredFeed, finish_eval
     from rpg_cli.orchestration.plan import RunPlan
     from rpg_cli.store import open_store
 

@@ -1,4 +1,4 @@
-"""A benchmark's one name, and the one table of which scorer judges it.
+"""A benchmark's one name, its place in tables, the one table of which scorer judges it, and a problem's identity.
 
 Names: what `rpg eval` records, what training validation is stored under, and what the report's
 columns say. verl names a validation set by its rows' data_source; the paper's files use the data
@@ -6,13 +6,19 @@ sources below, which the report has always shown under the paper's names.
 
 Scorers: `SCORER_BY_BENCHMARK` is read by verl's reward function (`rpg_cli.rewards.compute_score`), the
 local backend and `rpg eval` alike, so a benchmark is judged by the same rule wherever it is scored. A
-spec's `scorers:` or `rpg eval --scorer` overrides it. Standard library only.
+spec's `scorers:` or `rpg eval --scorer` overrides it.
+
+Problems: `problem_key` says which rows of a data file are the same problem (its chat prompt and ground truth),
+for the dry run's count (`rpg_cli.inputs`), the local trainer's validation set and `rpg eval` (the store's
+`samples.problem`) alike, so they count the same problems. Standard library only.
 """
 
 from __future__ import annotations
 
 import functools
-from collections.abc import Mapping
+import hashlib
+import json
+from collections.abc import Iterable, Mapping
 from pathlib import Path
 
 SCORERS = ("dapo", "math_verify")  # rpg_cli.rewards implements them
@@ -45,6 +51,9 @@ SCORER_BY_BENCHMARK = {
 }
 HOLDOUT_SUFFIX = "_holdout"  # prepare-data --holdout: a slice of a set, judged as the set is
 
+# The paper's tables' column order; other benchmarks follow, by name
+BENCHMARK_ORDER = {"aime24": 0, "aime25": 1, "amc23": 2, "minerva_math": 3, "olympiadbench": 4}
+
 
 class NoScorerError(ValueError):
     """A benchmark with no scorer in the table and none given; the message says how to give one."""
@@ -53,6 +62,25 @@ class NoScorerError(ValueError):
 def benchmark_name(data_source: str) -> str:
     """The name of the benchmark whose rows carry `data_source` (the paper's name where it has one)."""
     return BENCHMARK_ALIASES.get(data_source, data_source)
+
+
+def benchmark_sort_key(name: str) -> tuple[int, str]:
+    """Where a benchmark goes in tables, plots and comparisons: the paper's order, then the others by name."""
+    return BENCHMARK_ORDER.get(name, len(BENCHMARK_ORDER)), name
+
+
+def problem_messages(prompt: Iterable[Mapping]) -> tuple[dict[str, str], ...]:
+    """A row's chat prompt as a problem holds it: each message's role (user where it has none) and content."""
+    return tuple({"role": m.get("role") or "user", "content": m.get("content")} for m in prompt)
+
+
+def problem_key(prompt: Iterable[Mapping], ground_truth: object) -> str:
+    """A problem's identity: 16 hex digits of the SHA-256 of its messages (`problem_messages`) and ground truth
+    (as text). Rows with the same key are one problem wherever problems are counted or sampled, whatever their
+    data_source. The store's `samples.problem`: its bytes must never change (tests/test_problem_identity.py)."""
+    messages = list(problem_messages(prompt))
+    text = json.dumps([messages, str(ground_truth)], sort_keys=True, ensure_ascii=True)
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
 def scorer_for(data_source: str, overrides: Mapping[str, str] | None = None) -> str:

@@ -21,6 +21,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from rpg_cli.benchmarks import problem_key
+
 if TYPE_CHECKING:
     from rpg_cli.spec import ExperimentSpec
 
@@ -247,9 +249,9 @@ def _count_problems(path: str, mtime_ns: int, size: int) -> ProblemCount | None:
 
         with pq.ParquetFile(path) as parquet:  # read_table would import pandas (through pyarrow.dataset)
             table = parquet.read(columns=["prompt", "reward_model"])
+        # one problem per prompt and ground truth, as the local trainer and `rpg eval` count them
         keys = {
-            json.dumps([row["prompt"], (row["reward_model"] or {}).get("ground_truth")], sort_keys=True)
-            for row in table.to_pylist()
+            problem_key(row["prompt"], (row["reward_model"] or {}).get("ground_truth")) for row in table.to_pylist()
         }
     except Exception:  # not a verl parquet: the run's own checks say so; here it is just not counted
         return None

@@ -51,11 +51,22 @@ ADVANTAGES = "critic/advantages/mean"
 RESPONSE_LENGTH = "response_length/mean"
 RESPONSE_CLIPPED = "response_length/clip_ratio"
 PROMPT_LENGTH = "prompt_length/mean"
-# time and progress
+# time and progress: verl's marked_timer names (timing_s/<phase>, trainer/ppo/v1/trainer_base.py and
+# trainer_sync.py) and compute_throughout_metrics' (perf/*, trainer/ppo/metric_utils.py)
 STEP_TIME = "timing_s/step"
+GEN_TIME = "timing_s/gen"
+OLD_LOG_PROB_TIME = "timing_s/old_log_prob"
+REF_TIME = "timing_s/ref"
+UPDATE_TIME = "timing_s/update_actor"
+WEIGHT_SYNC_TIME = "timing_s/update_weights"
 TESTING_TIME = "timing_s/testing"
 THROUGHPUT = "perf/throughput"
 TOKENS = "perf/total_num_tokens"
+TIME_PER_STEP = "perf/time_per_step"
+MFU = "perf/mfu/actor"
+# verl's update worker logs perf/max_memory_allocated_gb (workers/engine_workers.py) and its trainer prefixes
+# the update's metrics with actor/ (rename_dict in trainer/ppo/v1/trainer_base.py): this is the name it writes
+PEAK_MEMORY = "actor/perf/max_memory_allocated_gb"
 GLOBAL_STEP = "training/global_step"
 EPOCH = "training/epoch"
 # the reference schedule (ReferenceTracker)
@@ -63,6 +74,17 @@ REF_RESETS = "ref/resets"
 REF_AGE = "ref/steps_since_reset"
 REF_KL = "ref/kl"
 REF_KL_EMA = "ref/kl_ema"
+
+# a step's phases, in the order a step runs them: label -> key (rpg report --cost's shares)
+PHASES: dict[str, str] = {
+    "generation": GEN_TIME,
+    "old log-prob": OLD_LOG_PROB_TIME,
+    "reference": REF_TIME,
+    "update": UPDATE_TIME,
+    "weight sync": WEIGHT_SYNC_TIME,
+    "validation": TESTING_TIME,
+}
+_ON_GPU = "a CUDA device (on CPU none: absent, not 0)"
 
 _REFERENCE = "the reference is tracked: iterative or reset (every/kl_target), or a frozen one a loss reads"
 
@@ -103,9 +125,52 @@ METRICS: dict[str, Metric] = {
         Metric(RESPONSE_LENGTH, "mean response length in tokens", 0.0, label="response length (tokens)"),
         Metric(RESPONSE_CLIPPED, "fraction of responses cut at the response length", 0.0, 1.0),
         Metric(PROMPT_LENGTH, "mean prompt length in tokens", 0.0),
-        Metric(STEP_TIME, "wall time of the step, seconds", 0.0),
-        Metric(THROUGHPUT, "tokens (prompt and response) per second (per GPU on verl)", 0.0),
+        Metric(STEP_TIME, "wall time of the step without its validation, seconds", 0.0, label="seconds per step"),
+        Metric(GEN_TIME, "seconds sampling the step's responses (and scoring them on the local backend)", 0.0),
+        Metric(OLD_LOG_PROB_TIME, "seconds computing log pi_old of the step's responses", 0.0),
+        Metric(
+            REF_TIME,
+            "seconds computing log pi_ref of the step's responses",
+            0.0,
+            when="a separate reference model runs (frozen, or reset now and then)",
+        ),
+        Metric(UPDATE_TIME, "seconds of the policy update (every epoch and mini-batch)", 0.0),
+        Metric(
+            WEIGHT_SYNC_TIME,
+            "seconds handing the updated weights to the rollout engine (vLLM)",
+            0.0,
+            when="verl only (the local backend samples with the model it trains)",
+        ),
+        Metric(
+            TESTING_TIME,
+            "seconds of validation, outside timing_s/step",
+            0.0,
+            when="validation steps (val.every, the last step; step 0 on the local backend logs none)",
+        ),
+        Metric(
+            THROUGHPUT,
+            "tokens (prompt and response) per second per device: perf/total_num_tokens / (timing_s/step x devices)",
+            0.0,
+            label="tokens/s per device",
+        ),
         Metric(TOKENS, "tokens (prompt and response) of the step's batch", 0.0),
+        Metric(TIME_PER_STEP, "timing_s/step again, as verl's throughput metrics carry it", 0.0),
+        Metric(
+            MFU,
+            "model FLOPs utilisation of the update: its FLOPs / (its seconds x devices x the device's dense bf16 peak)",
+            0.0,
+            1.0,
+            when="local backend: a CUDA device whose peak rpg_cli.cost knows; verl: always, by its own table "
+            "(utils/flops_counter.py: a CPU at 448 GFLOP/s, 0 for a GPU it does not know)",
+            label="MFU (update)",
+        ),
+        Metric(
+            PEAK_MEMORY,
+            "peak GPU memory allocated, GiB (local: during the step; verl: the update worker's since it started)",
+            0.0,
+            when=_ON_GPU,
+            label="peak memory (GiB)",
+        ),
         Metric(GLOBAL_STEP, "the training step", 1.0),
         Metric(EPOCH, "passes over the training data begun", 0.0),
         Metric(REF_RESETS, "times pi_ref was reset to the policy so far", 0.0, when=_REFERENCE),

@@ -8,6 +8,8 @@
                       (the steps after N logged so far are void), and a run that stops on request
                       ends with {"stopped": {"step": N, "why": ...}}; store/ingest.py reads it
       stop_request    a graceful stop asked of the live run (request_stop): `preempted` or `cancelled`
+      held_since      when the current attempt began holding its devices (mark_held: after verl's wait
+                      for GPUs, the local trainer's start), UTC; the watcher records it (rpg_cli/cost.py)
       job.log         the job's output, saved when it ends or is cancelled
       checkpoints/    step_N/ (local backend: an HF model directory, plus its trainer state) or
                       global_step_N/actor/huggingface/ (verl, when it saves hf_model); the spec's
@@ -37,6 +39,7 @@ import re
 import secrets
 import shutil
 import stat
+from datetime import datetime, timezone
 from pathlib import Path
 
 SPEC_FILE = "spec.json"
@@ -47,6 +50,7 @@ EVAL_DIR = "eval"
 RESTART_KEY = "restart"  # metrics.jsonl: a resumed attempt's first line (restart_line)
 STOP_REQUEST = "stop_request"  # a graceful stop asked of a live run (request_stop); its trainer ends after the step
 STOPPED_KEY = "stopped"  # metrics.jsonl: the last line of a run that stopped on request (stopped_line)
+HELD_MARK = "held_since"  # when the job's current attempt began holding its devices (mark_held)
 # why a run was asked to stop gracefully: preempted (a signal: SIGTERM, Slurm's USR1) resumes with the next
 # `rpg sweep`; cancelled (`rpg cancel --graceful`) is stopped, resumed with --retry-failed
 PREEMPTED, CANCELLED = "preempted", "cancelled"
@@ -311,6 +315,40 @@ def stop_requested(run_dir: Path) -> str | None:
 def clear_stop_request(run_dir: Path) -> None:
     """A new attempt starts with no request left over from the one before."""
     stop_request_path(run_dir).unlink(missing_ok=True)
+
+
+def held_mark_path(run_dir: Path) -> Path:
+    return Path(run_dir) / HELD_MARK
+
+
+def mark_held(run_dir: Path, at: datetime | None = None) -> Path:
+    """Note that the job's attempt holds its devices from now (or `at`): verl's job once its wait for free GPUs
+    lets it through, the local trainer as it starts. A file, because the job may run on any node and the watcher
+    reads it through the shared `runs/` (its device time: rpg_cli/cost.py); ISO 8601 in UTC, written whole. The
+    run directory must exist (FileNotFoundError): a mark never makes one."""
+    if not Path(run_dir).is_dir():
+        raise FileNotFoundError(errno.ENOENT, "no run directory to mark", str(run_dir))
+    at = at or datetime.now(timezone.utc)
+    at = at.astimezone(timezone.utc) if at.tzinfo else at.replace(tzinfo=timezone.utc)
+    return write_atomic(held_mark_path(run_dir), at.isoformat(timespec="microseconds") + "\n")
+
+
+def held_since(run_dir: Path) -> datetime | None:
+    """When the attempt that wrote the mark began holding its devices, as naive UTC (the store's times); None
+    when there is no mark or it does not read as a time (a job's file: untrusted)."""
+    data = read_owned(held_mark_path(run_dir))
+    if data is None:
+        return None
+    try:
+        at = datetime.fromisoformat(data.decode("ascii").strip())
+    except (UnicodeDecodeError, ValueError):
+        return None
+    return at.astimezone(timezone.utc).replace(tzinfo=None) if at.tzinfo else at
+
+
+def clear_held(run_dir: Path) -> None:
+    """A new attempt starts with no mark left by the one before (it has not held its devices yet)."""
+    held_mark_path(run_dir).unlink(missing_ok=True)
 
 
 def stopped_line(step: int, why: str) -> str:

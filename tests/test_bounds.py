@@ -218,7 +218,7 @@ def test_a_run_that_logged_a_nan_loss_is_marked_failed_when_its_job_succeeds(tmp
     pytest.importorskip("ray.job_submission")
     from ray.job_submission import JobDetails, JobStatus
 
-    from rpg_cli.orchestration import sweep as sweep_module
+    from rpg_cli.orchestration import reconcile
 
     run_dir = tmp_path / "runs" / "s" / "run-1"
     run_dir.mkdir(parents=True)
@@ -237,7 +237,7 @@ def test_a_run_that_logged_a_nan_loss_is_marked_failed_when_its_job_succeeds(tmp
         start_time=1_700_000_000_000, end_time=1_700_000_060_000,
     )  # fmt: skip
     client = SimpleNamespace(get_job_logs=lambda _id: "done\n")
-    assert sweep_module.sync_run(client, store, store.run("abcd1234"), job) == "failed"
+    assert reconcile.sync_run(client, store, store.run("abcd1234"), job) == "failed"
     run = store.run("abcd1234")
     assert run.status == "failed"
     assert run.error.startswith("training diverged at step 2: actor/grad_norm is inf; lower lr or beta")

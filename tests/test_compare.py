@@ -8,6 +8,7 @@ import json
 
 import numpy as np
 import pytest
+from helpers import record_eval
 from typer.testing import CliRunner
 
 from rpg_cli import report, rundir, stats
@@ -61,40 +62,7 @@ class Builder:
     def evaluate(
         self, run_id: str, step: int, bench: str, correct: list[int], scorer: str = "dapo", **protocol
     ) -> None:
-        proto = {**PROTOCOL, **protocol}
-        n = proto["n"]
-        self.store.record_samples(
-            {
-                "run_id": run_id,
-                "step": step,
-                "benchmark": bench,
-                "problem": f"{bench}-p{p:03d}",
-                "sample_index": j,
-                "scorer": scorer,
-                **proto,
-                "position": p,
-                "extracted": "1",
-                "correct": j < c,
-                "response_length": 5,
-            }
-            for p, c in enumerate(correct)
-            for j in range(n)
-        )
-        self.store.record_evals(
-            [
-                {
-                    "run_id": run_id,
-                    "step": step,
-                    "benchmark": bench,
-                    "metric": "mean@k",
-                    "k": n,
-                    "value": float(np.mean(correct)) / n,
-                    "scorer": scorer,
-                    "scorer_version": "1",
-                    **proto,
-                }
-            ]
-        )
+        record_eval(self.store, run_id, step, bench, correct, scorer, **{**PROTOCOL, **protocol})
 
 
 @pytest.fixture

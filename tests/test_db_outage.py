@@ -22,6 +22,7 @@ from test_jobs import make_plan, ray_submissions  # noqa: E402
 
 from rpg_cli.cli.sweep import _watch_sweep  # noqa: E402
 from rpg_cli.orchestration import sweep as sweep_module  # noqa: E402
+from rpg_cli.orchestration.dryrun import plan_runs  # noqa: E402
 from rpg_cli.store import db as db_module  # noqa: E402
 from rpg_cli.store import open_store  # noqa: E402
 
@@ -58,8 +59,8 @@ def fault_at_mid_run(monkeypatch, steps: int, fault: Callable[[], None]) -> list
     mid-way (between two polls, as a restart or a full disk can); returns the snapshots seen."""
     real, seen = sweep_module.progress, []
 
-    def progress(*args):
-        snapshot = real(*args)
+    def progress(*args, **kwargs):
+        snapshot = real(*args, **kwargs)
         seen.append(snapshot)
         if snapshot.finished and not any(mid_run(s, steps) for s in seen):
             pytest.fail(f"the runs finished before the watcher saw them mid-way: {[s.counts for s in seen]}")
@@ -133,7 +134,9 @@ def test_a_postgresql_server_down_past_the_patience_stops_the_sweep_in_one_line(
     monkeypatch.setattr(db_module, "time", clock)
     fast_polls(monkeypatch)
 
-    line = one_line_exit_2(capsys, lambda: _watch_sweep(plans, "pg2", server.url, runs_dir=str(cluster["runs"])))
+    line = one_line_exit_2(
+        capsys, lambda: _watch_sweep(plan_runs(plans, server.url), server.url, runs_dir=str(cluster["runs"]))
+    )
 
     assert clock.waits == 3
     assert line.startswith("rpg sweep: the results database postgresql+psycopg://rpg@127.0.0.1:"), line
@@ -143,7 +146,7 @@ def test_a_postgresql_server_down_past_the_patience_stops_the_sweep_in_one_line(
     )
     # the job ran on meanwhile; once the server is back, the same command re-attaches and records it all
     assert server.start().returncode == 0
-    _watch_sweep(plans, "pg2", server.url, runs_dir=str(cluster["runs"]))
+    _watch_sweep(plan_runs(plans, server.url), server.url, runs_dir=str(cluster["runs"]))
     assert "re-attach" not in capsys.readouterr().err
     assert_all_there(server.url, plans, steps, cluster)
 
@@ -166,7 +169,7 @@ def test_a_full_disk_stops_the_sweep_in_one_line_and_the_same_command_resumes(cl
     try:
         fault_at_mid_run(monkeypatch, steps, lambda: full.append(True))
         fast_polls(monkeypatch)
-        line = one_line_exit_2(capsys, lambda: _watch_sweep(plans, "full1", db, runs_dir=str(cluster["runs"])))
+        line = one_line_exit_2(capsys, lambda: _watch_sweep(plan_runs(plans, db), db, runs_dir=str(cluster["runs"])))
     finally:
         sa.event.remove(sa.pool.Pool, "checkout", cap)
 
@@ -176,5 +179,5 @@ def test_a_full_disk_stops_the_sweep_in_one_line_and_the_same_command_resumes(cl
     assert line.endswith(
         "run the same `rpg sweep` command again to re-attach (the jobs keep running; every state is kept)"
     )
-    _watch_sweep(plans, "full1", db, runs_dir=str(cluster["runs"]))  # space again: the same command
+    _watch_sweep(plan_runs(plans, db), db, runs_dir=str(cluster["runs"]))  # space again: the same command
     assert_all_there(db, plans, steps, cluster)

@@ -15,7 +15,9 @@ import sqlite3
 import statistics
 import time
 from collections import Counter
+from collections.abc import Callable
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 import pytest
 from conftest import make_spec
@@ -32,6 +34,9 @@ from rpg_cli.evaluation.generation import HFGenerator  # noqa: E402
 from rpg_cli.orchestration.plan import RunPlan  # noqa: E402
 from rpg_cli.spec import ExperimentSpec  # noqa: E402
 from rpg_cli.store import open_store  # noqa: E402
+
+if TYPE_CHECKING:
+    from rpg_cli.store import Store
 
 PROBLEMS = [("1+2=", "3"), ("3+4=", "7"), ("2+2=", "5")]
 K = 4
@@ -140,6 +145,8 @@ def rpg(*args: str):
 
 
 def query(db_file: Path, sql: str, *params):
+    """Raw SQL, only for what the store's API does not read: samples row by row (their position, index,
+    length), every row whatever its completeness, and deleting rows to fake a lost store."""
     con = sqlite3.connect(db_file)
     try:
         return con.execute(sql, params).fetchall()
@@ -147,17 +154,38 @@ def query(db_file: Path, sql: str, *params):
         con.close()
 
 
+def read(db_file: Path, ask: Callable[[Store], Any]) -> Any:
+    """What `ask(store)` reads from the store at `db_file`, through the store's API."""
+    store = open_store(f"sqlite:///{db_file}")
+    try:
+        return ask(store)
+    finally:
+        store.close()
+
+
+def eval_rows(db_file: Path, run_id: str) -> list[dict[str, Any]]:
+    """The run's eval rows (Store.run_history): step, benchmark, metric, k, scorer, value, scorer_version,
+    the protocol."""
+    return read(db_file, lambda store: store.run_history(run_id)[1])
+
+
 def evals(
     db_file: Path, run_id: str, scorer: str = "dapo", benchmark: str = "toy_add"
 ) -> dict[tuple[int, str, int], float]:
-    rows = query(
-        db_file,
-        "SELECT step, metric, k, value FROM evals WHERE run_id=? AND scorer=? AND benchmark=?",
-        run_id,
-        scorer,
-        benchmark,
-    )
-    return {(step, metric, k): value for step, metric, k, value in rows}
+    return {
+        (r["step"], r["metric"], r["k"]): r["value"]
+        for r in eval_rows(db_file, run_id)
+        if r["scorer"] == scorer and r["benchmark"] == benchmark
+    }
+
+
+def sample_count(db_file: Path, run_id: str, scorer: str | None = None) -> int:
+    """Samples stored for the run (of the scorer), of problems with all n of them (Store.problem_scores)."""
+    return read(db_file, lambda store: sum(p.n for p in store.problem_scores([run_id], scorer=scorer)))
+
+
+def run_ids(db_file: Path) -> list[str]:
+    return [r.id for r in read(db_file, lambda store: store.runs())]
 
 
 def recompute(samples: list[tuple[int, int, str | None, int]]) -> dict[tuple[str, int], float]:
@@ -253,8 +281,7 @@ def test_run_is_evaluated_end_to_end_and_the_store_agrees_with_its_samples(asset
     for (step, metric, k), value in stored.items():
         assert step == 2
         assert value == pytest.approx(expected[(metric, k)], abs=1e-12), (metric, k)
-    versions = query(db_file, "SELECT DISTINCT scorer_version FROM evals WHERE run_id=? AND scorer='dapo'", spec.run_id)
-    assert versions == [("dapo-1",)]
+    assert {r["scorer_version"] for r in eval_rows(db_file, spec.run_id) if r["scorer"] == "dapo"} == {"dapo-1"}
     # the run's own validation metrics came along, under verl's names
     verl = evals(db_file, spec.run_id, scorer="verl-val", benchmark="aime25")  # one name for aime2025
     assert verl[(1, "mean@k", 32)] == pytest.approx(0.25) and verl[(2, "mean@k", 32)] == pytest.approx(0.5)
@@ -286,9 +313,9 @@ def test_resume_generates_only_what_is_missing_and_rescoring_reuses_responses(as
     ]
     assert rpg(*args).exit_code == 0
     assert count_generation == {"load": 1, "generate": 3}
-    (run_id,) = query(db_file, "SELECT id FROM runs")[0]
-    first = evals(db_file, run_id)
-    assert query(db_file, "SELECT sweep, status FROM runs") == [("checkpoints", "succeeded")]
+    (run,) = read(db_file, lambda store: store.runs())
+    run_id, first = run.id, evals(db_file, run.id)
+    assert (run.sweep, run.status) == ("checkpoints", "succeeded")
 
     # everything scored: nothing generated, the model is not even loaded
     assert rpg(*args).exit_code == 0
@@ -305,7 +332,7 @@ def test_resume_generates_only_what_is_missing_and_rescoring_reuses_responses(as
     forget("position = 2")
     assert rpg(*args).exit_code == 0
     assert count_generation == {"load": 1, "generate": 3}
-    assert len(query(db_file, "SELECT * FROM samples")) == 3 * K and evals(db_file, run_id) == pytest.approx(first)
+    assert sample_count(db_file, run_id) == 3 * K and evals(db_file, run_id) == pytest.approx(first)
 
     # one problem lost from the store, its scored line and the response cache (as if killed mid-way): only
     # it is redone
@@ -320,7 +347,7 @@ def test_resume_generates_only_what_is_missing_and_rescoring_reuses_responses(as
     scored.write_text("\n".join(kept) + "\n")
     assert rpg(*args).exit_code == 0
     assert count_generation == {"load": 2, "generate": 4}
-    assert len(query(db_file, "SELECT * FROM samples")) == 3 * K
+    assert sample_count(db_file, run_id) == 3 * K
     again = evals(db_file, run_id)
     assert set(again) == set(first)  # recomputed from the stored samples (problem 1 was sampled again, same seed)
     assert again == pytest.approx(first)
@@ -328,12 +355,8 @@ def test_resume_generates_only_what_is_missing_and_rescoring_reuses_responses(as
     # another scorer: the cached responses are rescored, nothing is generated
     assert rpg(*args, "--scorer", "math_verify").exit_code == 0
     assert count_generation["generate"] == 4
-    mv = query(
-        db_file,
-        "SELECT count(*), max(scorer_version) FROM samples s JOIN evals e USING (run_id) "
-        "WHERE s.scorer='math_verify' AND e.scorer='math_verify' AND e.metric='mean@k'",
-    )
-    assert mv[0][0] == 3 * K and mv[0][1].startswith("math-verify")
+    (mv,) = [r for r in eval_rows(db_file, run_id) if r["scorer"] == "math_verify" and r["metric"] == "mean@k"]
+    assert sample_count(db_file, run_id, "math_verify") == 3 * K and mv["scorer_version"].startswith("math-verify")
 
 
 def test_steps_select_checkpoints(assets, tmp_path, count_generation):
@@ -416,17 +439,21 @@ def test_verl_validation_metrics_are_ingested_under_verl_names(tmp_path):
     store = open_store(f"sqlite:///{db_file}")
     path = tmp_path / "metrics.jsonl"
     path.write_text("".join(json.dumps(line) + "\n" for line in VERL_LINES) + '{"step": 3, "data": {"val-core/x/acc/me')
-    all_evals = "SELECT step, benchmark, metric, k, scorer, value FROM evals ORDER BY step, benchmark, metric, k"
+
+    def all_evals(run_id: str) -> list[tuple]:
+        fields = ("step", "benchmark", "metric", "k", "scorer", "value")
+        return [tuple(row[f] for f in fields) for row in store.run_history(run_id)[1]]
+
     try:
         assert store.ingest_metrics("r1", path) == 11  # the metrics, and in the same pass the evals below
-        first = query(db_file, all_evals)
+        first = all_evals("r1")
         assert store.ingest_metrics("r1", path) == 0  # nothing new: idempotent
         store.ingest_metrics("r2", path)  # another run ingesting the same file (all of it again): upserts
         assert store.ingest_metrics("r1", tmp_path / "missing.jsonl") == 0
+        rows, other = all_evals("r1"), all_evals("r2")
     finally:
         store.close()
-    rows = query(db_file, all_evals.replace("FROM evals", "FROM evals WHERE run_id = 'r1'"))
-    assert rows == first and len(query(db_file, all_evals)) == 2 * len(rows)
+    assert rows == first and other == rows
     assert rows == [
         (1, "aime25", "best@k/mean", 2, "verl-val", 0.35),
         (1, "aime25", "best@k/mean", 32, "verl-val", 0.6),
@@ -506,14 +533,15 @@ def fake_generator(calls: dict, die_after: int | None = None):
 
 
 def _stored(db_file: Path) -> tuple[list, list]:
+    """Every sample row (raw SQL: the API reads no row as such) and the run's dapo eval rows."""
+    (run_id,) = run_ids(db_file)
+    fields = ("step", "metric", "k", "value", "scorer_version")
     return (
         query(
             db_file,
             "SELECT step, problem, sample_index, extracted, correct, response_length FROM samples ORDER BY 1, 2, 3",
         ),
-        query(
-            db_file, "SELECT step, metric, k, value, scorer_version FROM evals WHERE scorer = 'dapo' ORDER BY 1, 2, 3"
-        ),
+        sorted(tuple(r[f] for f in fields) for r in eval_rows(db_file, run_id) if r["scorer"] == "dapo"),
     )
 
 
@@ -522,7 +550,8 @@ def test_a_killed_evaluation_job_resumes_and_nothing_is_lost_or_counted_twice(as
     """The job's part (files only) killed before its problem `kill_at` of 6 (2 checkpoints x 3 problems),
     its last line torn on odd kills; `rpg eval`'s part ingests what is there, the job is run again, and
     the store ends up exactly as after an evaluation never interrupted."""
-    from rpg_cli.evaluation.pipeline import ScoredFeed, finish_eval, prepare_target, run_eval
+    from rpg_cli.evaluation.pipeline import run_eval
+    from rpg_cli.evaluation.recording import ScoredFeed, finish_eval, prepare_target
 
     def setup(root: Path):
         db_file = root / "results.db"
@@ -646,7 +675,7 @@ def test_eval_runs_as_a_ray_job_on_the_local_head(assets, tmp_path):
         stop_local_head(runs)
     samples = query(db_file, "SELECT position, sample_index, extracted, correct FROM samples")
     assert len(samples) == 3 * 2
-    (run_id,) = query(db_file, "SELECT id FROM runs")[0]
+    (run_id,) = run_ids(db_file)
     stored = evals(db_file, run_id)
     for (metric, k), value in recompute(samples).items():
         assert stored[(0, metric, k)] == pytest.approx(value, abs=1e-12)

@@ -12,6 +12,7 @@ import time
 from pathlib import Path
 
 import pytest
+from helpers import eval_row
 from typer.testing import CliRunner
 
 from rpg_cli.cli import app
@@ -72,17 +73,9 @@ def generated_store(
         store.ingest_metrics(p.id, p.run_dir / "metrics.jsonl")
         store.record_evals(
             [
-                {
-                    "run_id": p.id,
-                    "step": s,
-                    "benchmark": "aime25",
-                    "metric": metric,
-                    "k": k,
-                    "scorer": "dapo",
-                    "value": 0.1 * s + i / 100,
-                    "scorer_version": "1",
-                    **PROTOCOL,
-                }
+                eval_row(
+                    run_id=p.id, step=s, benchmark="aime25", metric=metric, k=k, value=0.1 * s + i / 100, **PROTOCOL
+                )
                 for s in (10, 20)
                 for metric, k in (("mean@k", 4), ("pass@k", 1))
             ]
@@ -301,7 +294,7 @@ def test_mlflow_export_fills_each_log_batch_and_logs_what_the_per_step_writer_lo
 
 @pytest.mark.skipif(not installed("wandb"), reason="wandb is not installed")
 def test_a_wandb_export_records_the_runs_values_not_the_exporting_machine(tmp_path, monkeypatch):
-    from test_trackers import read_wandb_offline
+    from trackers_support import read_wandb_offline
 
     from rpg_cli.trackers.export import history
 

@@ -15,6 +15,7 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
+from helpers import eval_row
 from typer.testing import CliRunner
 
 from rpg_cli.cli import app
@@ -464,32 +465,14 @@ def scored_store(tmp_path: Path) -> str:
     )
     store.ingest_metrics("r1", metrics)
     store.set_status("r1", "succeeded")  # a table scores finished runs only
-    store.record_evals(
-        [
-            {
-                "run_id": "r1",
-                "step": 3,
-                "benchmark": "aime24",
-                "metric": "mean@32",
-                "k": 32,
-                "value": 0.25,
-                "scorer": "dapo",
-                "scorer_version": "1",
-                "n": 32,
-                "temperature": 1.0,
-                "top_p": 1.0,
-                "max_tokens": 2048,
-                "seed": 0,
-            }
-        ]
-    )
+    store.record_evals([eval_row(step=3, metric="mean@32", value=0.25, n=32, max_tokens=2048)])
     store.close()
     return url
 
 
 @pytest.mark.parametrize("umask", [0o022, 0o002])
 def test_tables_plots_and_job_logs_are_written_with_the_users_umask(umask, tmp_path):
-    from rpg_cli.orchestration.sweep import save_log
+    from rpg_cli.orchestration.reconcile import save_log
 
     db = scored_store(tmp_path)
     previous = os.umask(umask)

@@ -22,8 +22,7 @@ from rpg_cli import rundir
 from rpg_cli.cli import app
 from rpg_cli.orchestration.plan import RunPlan
 from rpg_cli.rundir import MetricsLog, restart_line
-from rpg_cli.store import db as store_db
-from rpg_cli.store import ingest, migrations, open_store
+from rpg_cli.store import ingest, ingestion, jsonl, migrations, open_store
 from rpg_cli.store.ingest import INT_MAX, metrics_view, parse_sample_line, read_new, sample_line, sample_rows
 from rpg_cli.store.schema import schema
 
@@ -253,7 +252,7 @@ def test_every_forged_scored_line_is_skipped_and_the_rest_is_stored(store, tmp_p
 def test_scored_files_are_read_in_bounded_pieces_each_problem_once(tmp_path, monkeypatch):
     """What ScoredFeed reads per call is bounded (READ_LIMIT); the next call reads on; a line past
     MAX_LINE (a forged samples list) is skipped, in the feed's reads and in ScoredFile.load's whole-file parse."""
-    monkeypatch.setattr(ingest, "MAX_LINE", 400)
+    monkeypatch.setattr(jsonl, "MAX_LINE", 400)
     path = tmp_path / "b.scored.jsonl"
     lines = [scored(f"p{i}") for i in range(50)]
     lines[20] = scored("p20", samples=[{"correct": True, "extracted": "x" * 500, "length": 1}] * 2)
@@ -316,8 +315,8 @@ def _offset(store, run_id: str) -> int:
 
 
 def test_each_ingest_call_reads_a_bounded_number_of_bytes_the_next_reads_on(tmp_path, monkeypatch):
-    monkeypatch.setattr(ingest, "MAX_LINE", 1000)
-    monkeypatch.setattr(store_db, "METRICS_CHUNK", 4096)
+    monkeypatch.setattr(jsonl, "MAX_LINE", 1000)
+    monkeypatch.setattr(ingestion, "METRICS_CHUNK", 4096)
     store = open_store(f"sqlite:///{tmp_path / 'results.db'}")
     path = tmp_path / "metrics.jsonl"
     try:

@@ -18,6 +18,7 @@ from pathlib import Path
 
 import pytest
 from conftest import make_spec
+from helpers import eval_row
 from typer.testing import CliRunner
 
 pytest.importorskip("ray.job_submission", reason="the Ray tests need ray[default]")
@@ -309,11 +310,12 @@ def test_watch_sweep_renders_progress_and_exits_by_outcome(cluster, tmp_path, ca
     import typer
 
     from rpg_cli.cli.sweep import _watch_sweep
+    from rpg_cli.orchestration.dryrun import plan_runs
 
     db = f"sqlite:///{tmp_path / 'results.db'}"
     plans = [make_plan(cluster, "s4", "fine", steps=2), make_plan(cluster, "s4", "doomed", steps=1, mode="fail")]
     with pytest.raises(typer.Exit) as exit_info:
-        _watch_sweep(plans, "s4", db, runs_dir=str(cluster["runs"]))
+        _watch_sweep(plan_runs(plans, db), db, runs_dir=str(cluster["runs"]))
     assert exit_info.value.exit_code == 1  # a run failed
     captured = capsys.readouterr()
     out = captured.out
@@ -321,7 +323,7 @@ def test_watch_sweep_renders_progress_and_exits_by_outcome(cluster, tmp_path, ca
     assert captured.err.strip().endswith("stays up for the next command; `rpg stop` ends it")
     assert "trainer failing on purpose" in out
 
-    _watch_sweep(plans[:1], "s4", db, runs_dir=str(cluster["runs"]), detach=True)  # done already: returns
+    _watch_sweep(plan_runs(plans[:1], db), db, runs_dir=str(cluster["runs"]), detach=True)  # done already: returns
     assert "nothing to submit in s4: 1 succeeded" in capsys.readouterr().out
 
 
@@ -425,25 +427,7 @@ def test_two_sweeps_sharing_a_run_agree_on_its_state_and_its_directory(cluster, 
         assert (run.sweep, run.run_dir, run.attempts) == ("m1", home.resolve(), 1)  # did not move
         assert [r.id for r in store.runs(sweep="m1")] == ["shared-cell", "m1-own-1"]
         assert sorted(r.id for r in store.runs(sweep="m2")) == ["m2-own-2", "shared-cell"]
-        store.record_evals(
-            [
-                {
-                    "run_id": "shared-cell",
-                    "step": 2,
-                    "benchmark": "aime24",
-                    "metric": "mean@k",
-                    "k": 4,
-                    "scorer": "dapo",
-                    "value": 0.5,
-                    "scorer_version": "1",
-                    "n": 4,
-                    "temperature": 1.0,
-                    "top_p": 1.0,
-                    "max_tokens": 64,
-                    "seed": 0,
-                }
-            ]
-        )
+        store.record_evals([eval_row(run_id="shared-cell", n=4)])
     finally:
         store.close()
     for sweep in ("m1", "m2"):
@@ -506,7 +490,7 @@ def _plan_targets(ref: str, db: str) -> list:
 def test_runs_that_end_unwatched_are_brought_up_to_date_by_every_command(cluster, tmp_path, monkeypatch):
     """--detach leaves no watcher: `rpg runs`, `report`, `logs`, `cancel` and `stop` each ask Ray first.
     A succeeded run stays succeeded under `rpg cancel`; a job killed by a signal says which."""
-    from rpg_cli.orchestration import sweep as sweep_module
+    from rpg_cli.orchestration import controls
 
     db = f"sqlite:///{tmp_path / 'results.db'}"
     common = ["--db", db, "--runs-dir", str(cluster["runs"])]
@@ -549,7 +533,7 @@ def test_runs_that_end_unwatched_are_brought_up_to_date_by_every_command(cluster
         store.close()
 
     # `rpg stop` refuses for a job that in truth runs, and only for that (the shared head is kept)
-    monkeypatch.setattr(sweep_module, "stop_local_head", lambda runs_dir: True)
+    monkeypatch.setattr(controls, "stop_local_head", lambda runs_dir: True)
     hanging = make_plan(cluster, "s5", "hanging", steps=1, delay=0, mode="hang")
     run_sweep([hanging], "s5", db, runs_dir=cluster["runs"], detach=True)
     result = runner.invoke(app, ["stop", *common])

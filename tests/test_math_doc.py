@@ -18,7 +18,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 MATH_DOC = ROOT / "docs" / "MATH.md"
-SECTIONS = 11  # common numbering: 1-8 the paper's math, 9 today's baselines, 10 rollout correction, 11 custom
+SECTIONS = 12  # common numbering: 1-8 the paper's math, 9 today's baselines, 10 rollout correction, 11 custom, 12 cost
 BASELINES = ("Dr. GRPO", "RLOO", "GSPO", "CISPO", "GMPO", "SAPO")  # 9.1 .. 9.6, in this order
 
 # where citations live: the package, the maps, the other docs, tests, benchmarks, examples

@@ -147,7 +147,7 @@ def begin(store, run_id: str) -> None:
 
 def job_ended(store, run_id: str, output: str, ray_status: str = "SUCCEEDED") -> str:
     """What `rpg sweep` records when Ray says the run's job ended (sweep.sync_run, Ray stood in); the state."""
-    from rpg_cli.orchestration.sweep import sync_run
+    from rpg_cli.orchestration.reconcile import sync_run
 
     client = SimpleNamespace(get_job_logs=lambda submission_id: output)
     ray_job = SimpleNamespace(status=ray_status, start_time=1, end_time=2, message=None, driver_exit_code=0)

@@ -14,6 +14,7 @@ import statistics
 from pathlib import Path
 
 import pytest
+from helpers import eval_row
 from typer.testing import CliRunner
 
 from rpg_cli import report, rundir, stats
@@ -101,17 +102,16 @@ class Filler:
         **protocol,
     ) -> None:
         self.store.record_evals(
-            {
-                "run_id": run_id,
-                "step": step,
-                "benchmark": bench,
-                "metric": metric,
-                "k": k,
-                "value": v,
-                "scorer": scorer,
-                "scorer_version": "1",
+            eval_row(
+                run_id=run_id,
+                step=step,
+                benchmark=bench,
+                metric=metric,
+                k=k,
+                value=v,
+                scorer=scorer,
                 **{**PROTOCOL, **protocol},
-            }
+            )
             for step, v in values.items()
         )
 

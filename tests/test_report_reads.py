@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from helpers import record_eval
 from typer.testing import CliRunner
 
 from rpg_cli.cli import app
@@ -31,39 +32,7 @@ def spec(algorithm: str, seed: int) -> dict:
 
 def evaluate(store, run_id: str, step: int, bench: str, correct: list[int], protocol: dict) -> None:
     """An `rpg eval` result: per problem, `correct` of n samples right, and its mean@n row."""
-    n = protocol["n"]
-    store.record_samples(
-        {
-            "run_id": run_id,
-            "step": step,
-            "benchmark": bench,
-            "problem": f"{bench}-p{p:03d}",
-            "sample_index": j,
-            "scorer": "dapo",
-            **protocol,
-            "position": p,
-            "extracted": "1",
-            "correct": j < c,
-            "response_length": 5,
-        }
-        for p, c in enumerate(correct)
-        for j in range(n)
-    )
-    store.record_evals(
-        [
-            {
-                "run_id": run_id,
-                "step": step,
-                "benchmark": bench,
-                "metric": "mean@k",
-                "k": n,
-                "value": float(np.mean(correct)) / n,
-                "scorer": "dapo",
-                "scorer_version": "1",
-                **protocol,
-            }
-        ]
-    )
+    record_eval(store, run_id, step, bench, correct, **protocol)
 
 
 @pytest.fixture

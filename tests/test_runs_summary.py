@@ -1,6 +1,7 @@
 """`rpg runs` at scale: above SUMMARIZE_ABOVE runs its table has one row per sweep (its runs counted by
 state, the steps reached, the latest start) and says how to list them; `--all` lists every run, CSV and
-JSON always do; a small store prints exactly what it printed before. Real SQLite stores, the real CLI."""
+JSON always do; a small store prints what it printed before, with each run's cost (s/step, tokens/s per device,
+device-hours, ETA), and a sweep's row its device-hours. Real SQLite stores, the real CLI."""
 
 from __future__ import annotations
 
@@ -33,17 +34,21 @@ def plan(tmp_path, i: int, sweep: str) -> RunPlan:
 
 def fill(store, tmp_path, sweeps: dict[str, list[str]]) -> None:
     """Runs per sweep in these (terminal) states, each ended at a known time (never seen running: no
-    time queued or run, which would be now's), with a step logged (run i: step i % 7 * 10) where i is even."""
+    time queued or run, which would be now's), with a step logged (run i: step i % 7 * 10, 12.5 s, 2345.6 tokens/s
+    per device) and its one device held for (i + 1) x 30 minutes before it ended where i is even."""
     i = 0
     for sweep, states in sweeps.items():
         plans = [plan(tmp_path, i + j, sweep) for j in range(len(states))]
         store.record_plans(plans)
         for p, state in zip(plans, states):
-            store.set_status(p.id, state, at=T0 + timedelta(minutes=i), error="boom" if state == "failed" else None)
+            end = T0 + timedelta(minutes=i)
             if i % 2 == 0:
                 path = tmp_path / f"{p.id}.jsonl"
-                path.write_text(json.dumps({"step": i % 7 * 10, "data": {"critic/score/mean": 0.5}}) + "\n")
+                data = {"critic/score/mean": 0.5, "timing_s/step": 12.5, "perf/throughput": 2345.6}
+                path.write_text(json.dumps({"step": i % 7 * 10, "data": data}) + "\n")
                 store.ingest_metrics(p.id, path)
+                store.set_held_at(p.id, end - timedelta(minutes=30 * (i + 1)))
+            store.set_status(p.id, state, at=end, error="boom" if state == "failed" else None)
             i += 1
 
 
@@ -62,14 +67,14 @@ def lines(text: str) -> list[str]:
 
 
 SMALL = """\
-                                                           runs
-┏━━━━━━━┳━━━━━━━━━┳━━━━━━━━┳━━━━━━┳━━━━━━━━━━━┳━━━━━━━━━━┳━━━━━━┳━━━━━━━━┳━━━━━━━━━┳━━━━━━━━┳━━━━━┳━━━━━━━━━━━━━━━┳━━━━━━━┓
-┃ sweep ┃ name    ┃ id     ┃ seed ┃ status    ┃ attempts ┃ step ┃ reward ┃ val acc ┃ queued ┃ run ┃ started (UTC) ┃ error ┃
-┡━━━━━━━╇━━━━━━━━━╇━━━━━━━━╇━━━━━━╇━━━━━━━━━━━╇━━━━━━━━━━╇━━━━━━╇━━━━━━━━╇━━━━━━━━━╇━━━━━━━━╇━━━━━╇━━━━━━━━━━━━━━━╇━━━━━━━┩
-│ a     │ grpo-s0 │ r00000 │    0 │ succeeded │        0 │    0 │ 0.5000 │       - │      - │   - │ -             │       │
-│ a     │ grpo-s1 │ r00001 │    1 │ failed    │        0 │    - │      - │       - │      - │   - │ -             │ boom  │
-│ b     │ grpo-s2 │ r00002 │    2 │ stopped   │        0 │   20 │ 0.5000 │       - │      - │   - │ -             │       │
-└───────┴─────────┴────────┴──────┴───────────┴──────────┴──────┴────────┴─────────┴────────┴─────┴───────────────┴───────┘
+                                                                             runs
+┏━━━━━━━┳━━━━━━━━━┳━━━━━━━━┳━━━━━━┳━━━━━━━━━━━┳━━━━━━━━━━┳━━━━━━┳━━━━━━━━┳━━━━━━━━━┳━━━━━━━━┳━━━━━┳━━━━━━━━┳━━━━━━━━━━━┳━━━━━━━┳━━━━━┳━━━━━━━━━━━━━━━┳━━━━━━━┓
+┃ sweep ┃ name    ┃ id     ┃ seed ┃ status    ┃ attempts ┃ step ┃ reward ┃ val acc ┃ queued ┃ run ┃ s/step ┃ tok/s/dev ┃ dev-h ┃ ETA ┃ started (UTC) ┃ error ┃
+┡━━━━━━━╇━━━━━━━━━╇━━━━━━━━╇━━━━━━╇━━━━━━━━━━━╇━━━━━━━━━━╇━━━━━━╇━━━━━━━━╇━━━━━━━━━╇━━━━━━━━╇━━━━━╇━━━━━━━━╇━━━━━━━━━━━╇━━━━━━━╇━━━━━╇━━━━━━━━━━━━━━━╇━━━━━━━┩
+│ a     │ grpo-s0 │ r00000 │    0 │ succeeded │        0 │    0 │ 0.5000 │       - │      - │   - │   12.5 │     2,346 │  0.50 │   - │ -             │       │
+│ a     │ grpo-s1 │ r00001 │    1 │ failed    │        0 │    - │      - │       - │      - │   - │      - │         - │     - │   - │ -             │ boom  │
+│ b     │ grpo-s2 │ r00002 │    2 │ stopped   │        0 │   20 │ 0.5000 │       - │      - │   - │   12.5 │     2,346 │  1.50 │   - │ -             │       │
+└───────┴─────────┴────────┴──────┴───────────┴──────────┴──────┴────────┴─────────┴────────┴─────┴────────┴───────────┴───────┴─────┴───────────────┴───────┘
 3 runs: 1 succeeded, 1 failed, 1 stopped
 """
 
@@ -85,13 +90,13 @@ def test_a_small_store_prints_one_row_per_run_as_before(db, tmp_path):
 
 
 MANY = """\
-                               runs per sweep
-┏━━━━━━━━┳━━━━━━┳━━━━━━━━━━━┳━━━━━━━━┳━━━━━━━━━┳━━━━━━━┳━━━━━━━━━━━━━━━━━━━━┓
-┃ sweep  ┃ runs ┃ succeeded ┃ failed ┃ stopped ┃ steps ┃ last started (UTC) ┃
-┡━━━━━━━━╇━━━━━━╇━━━━━━━━━━━╇━━━━━━━━╇━━━━━━━━━╇━━━━━━━╇━━━━━━━━━━━━━━━━━━━━┩
-│ big    │  150 │       140 │     10 │       - │  0-60 │ -                  │
-│ bigger │   60 │         - │      - │      60 │  0-60 │ -                  │
-└────────┴──────┴───────────┴────────┴─────────┴───────┴────────────────────┘
+                                   runs per sweep
+┏━━━━━━━━┳━━━━━━┳━━━━━━━━━━━┳━━━━━━━━┳━━━━━━━━━┳━━━━━━━┳━━━━━━━┳━━━━━━━━━━━━━━━━━━━━┓
+┃ sweep  ┃ runs ┃ succeeded ┃ failed ┃ stopped ┃ steps ┃ dev-h ┃ last started (UTC) ┃
+┡━━━━━━━━╇━━━━━━╇━━━━━━━━━━━╇━━━━━━━━╇━━━━━━━━━╇━━━━━━━╇━━━━━━━╇━━━━━━━━━━━━━━━━━━━━┩
+│ big    │  150 │       140 │     10 │       - │  0-60 │  2812 │ -                  │
+│ bigger │   60 │         - │      - │      60 │  0-60 │  2700 │ -                  │
+└────────┴──────┴───────────┴────────┴─────────┴───────┴───────┴────────────────────┘
 210 runs: 140 succeeded, 10 failed, 60 stopped
 one row per sweep (more than 200 runs): `rpg runs --sweep NAME --status STATE` lists some, --all lists every run (--format csv or json: every run, every column)
 """
@@ -117,10 +122,13 @@ def test_sweeps_summary_counts_states_steps_and_stalls():
     rows = [
         {"sweep": "s", "status": "running", "stalled_s": 300.0, "step": 4, "started": "2026-01-01 10:00:00"},
         {"sweep": "s", "status": "running", "stalled_s": None, "step": 9, "started": "2026-01-01 11:00:00"},
+        {"sweep": "s", "status": "running", "stalled_s": None, "step": 2, "started": None, "device_hours": 1.25},
+        {"sweep": "s", "status": "running", "stalled_s": None, "step": 3, "started": None, "device_hours": 0.5},
         {"sweep": "t", "status": "pending", "stalled_s": None, "step": None, "started": None},
     ]
     (s, t) = sweeps_summary(rows)
-    assert (s["runs"], s["running"], s["stalled"], s["step_min"], s["step_max"]) == (2, 2, 1, 4, 9)
+    assert (s["runs"], s["running"], s["stalled"], s["step_min"], s["step_max"]) == (4, 4, 1, 2, 9)
+    assert s["device_hours"] == 1.75 and t["device_hours"] is None  # summed; none held: unknown, not 0
     assert s["started"] == "2026-01-01 11:00:00" and s["succeeded"] == 0
     assert (t["runs"], t["pending"], t["step_min"], t["started"]) == (1, 1, None, None)
     assert SUMMARIZE_ABOVE == 200

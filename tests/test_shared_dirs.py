@@ -69,7 +69,7 @@ def snapshot(root: Path) -> dict[str, bytes]:
 
 def recording_cluster(monkeypatch) -> list[dict]:
     """`rpg sweep`'s cluster as a stand-in that records what would be submitted (inputs not checked); the list."""
-    from rpg_cli.orchestration import sweep
+    from rpg_cli.orchestration import dryrun, sweep
 
     submitted: list[dict] = []
 
@@ -81,7 +81,7 @@ def recording_cluster(monkeypatch) -> list[dict]:
             submitted.append(kwargs)
 
     monkeypatch.setattr(sweep, "connect", lambda *a, **k: Cluster())
-    monkeypatch.setattr(sweep, "check_plans", lambda *a, **k: [])
+    monkeypatch.setattr(dryrun, "check_plans", lambda *a, **k: [])
     return submitted
 
 

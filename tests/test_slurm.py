@@ -155,7 +155,7 @@ def test_requeue_and_grace_go_into_the_script(no_slurm_here):
     ]
     trap = result.stdout.split("on_signal() {")[1].split("\n}\n")[0]
     assert (
-        f"{sys.executable} -m rpg_cli.orchestration.slurm preempt tiny --runs-dir {work / 'runs'} --db "
+        f"{sys.executable} -m rpg_cli.orchestration.slurm_nodes preempt tiny --runs-dir {work / 'runs'} --db "
         'sqlite:///runs/results.db --grace 300 "$1" --address "$DASHBOARD"' in trap
     )
     assert 'if [ "$1" = USR1 ] && [ 1 = 1 ]; then' in trap and 'scontrol requeue "$SLURM_JOB_ID"' in trap
@@ -171,7 +171,7 @@ def test_requeue_and_grace_go_into_the_script(no_slurm_here):
 
 def test_the_time_a_signal_leaves_the_runs(tmp_path, monkeypatch):
     """USR1: the job's time left as squeue says (at most --grace); TERM: KillWait; 30 s of either stop Ray."""
-    from rpg_cli.orchestration.slurm import stop_budget
+    from rpg_cli.orchestration.slurm_nodes import stop_budget
 
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()

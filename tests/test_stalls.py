@@ -147,9 +147,9 @@ def stall_store(tmp_path: Path) -> tuple[str, RunPlan, RunPlan]:
 
 
 def test_runs_shows_a_stalled_run_with_its_last_line(tmp_path, monkeypatch):
-    from rpg_cli.orchestration import sweep
+    from rpg_cli.orchestration import reconcile
 
-    monkeypatch.setattr(sweep, "reconcile", lambda *a, **k: sweep.Reconciled())  # Ray confirms: still running
+    monkeypatch.setattr(reconcile, "reconcile", lambda *a, **k: reconcile.Reconciled())  # Ray confirms: still running
     db, hung, _ = stall_store(tmp_path)
     runner = CliRunner()
     result = runner.invoke(app, ["runs", "--db", db, "--format", "json"])

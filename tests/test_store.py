@@ -14,6 +14,7 @@ import time
 from pathlib import Path
 
 import pytest
+from helpers import eval_row
 from typer.testing import CliRunner
 
 from rpg_cli.cli import app
@@ -321,15 +322,7 @@ def test_evals_and_samples_upsert_on_their_keys(store, tmp_path):
     p = plan(1, tmp_path)
     store.record_plan(p)
     protocol = {"n": 32, "temperature": 0.6, "top_p": 0.95, "max_tokens": 4096, "seed": 0}
-    key = {
-        "run_id": p.id,
-        "step": 400,
-        "benchmark": "aime2025",
-        "metric": "mean@32",
-        "k": 32,
-        "scorer": "answer",
-        **protocol,
-    }
+    key = eval_row(run_id=p.id, step=400, benchmark="aime2025", metric="mean@32", scorer="answer", **protocol)
     assert store.record_evals([{**key, "value": 0.25, "scorer_version": "1"}]) == 1
     store.record_evals(
         [
@@ -501,7 +494,7 @@ def test_a_database_written_before_schema_versions_opens_with_nothing_lost(tmp_p
     assert after["schema_version"] == [(migrations.LATEST,)]
     for name in ("runs", "sweeps", "metrics"):  # every row, as it was (columns added since: unknown, NULL)
         assert [r[: len(before[name][0])] for r in after[name]] == before[name]
-    assert {r[-1] for r in after["runs"]} == {None}  # running_at (version 3)
+    assert {r[-3:] for r in after["runs"]} == {(None, 0.0, None)}  # running_at (version 3); held_s, held_at (v7)
     assert sorted(r[:4] for r in after["metric_files"]) == sorted(before["metric_files"])  # identity unknown: NULL
     assert all(r[4:] == (None,) * 7 for r in after["metric_files"])  # and v4's restart_attempt, changed; v5's two
     with sqlite3.connect(db) as con:

@@ -14,6 +14,7 @@ import textwrap
 from pathlib import Path
 
 import pytest
+from helpers import eval_row
 from typer.testing import CliRunner
 
 from rpg_cli.cli import app
@@ -163,25 +164,7 @@ def test_a_read_only_database_is_read_and_left_as_it_is(tmp_path):
         )
     )
     store.set_status("ro-run-1", "succeeded")  # a table scores finished runs only
-    store.record_evals(
-        [
-            {
-                "run_id": "ro-run-1",
-                "step": 5,
-                "benchmark": "aime24",
-                "metric": "mean@k",
-                "k": 4,
-                "scorer": "dapo",
-                "value": 0.375,
-                "scorer_version": "1",
-                "n": 4,
-                "temperature": 1.0,
-                "top_p": 1.0,
-                "max_tokens": 64,
-                "seed": 0,
-            }
-        ]
-    )
+    store.record_evals([eval_row(run_id="ro-run-1", step=5, n=4, value=0.375)])
     store.close()
     before = files_in(home)
     assert list(before) == ["results.db"]  # closed cleanly: no -wal, no -shm

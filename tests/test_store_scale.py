@@ -197,7 +197,7 @@ def test_a_version_5_store_is_upgraded_with_every_sample_kept(db_url, tmp_path):
     store = open_store(db_url, create=False)  # upgraded as `rpg report` opens it
     try:
         with store.engine.connect() as conn:
-            assert migrations.current_version(conn, store.t) == migrations.LATEST == 6
+            assert migrations.current_version(conn, store.t) == migrations.LATEST == 7
             assert sa.inspect(conn).get_pk_constraint("samples")["constrained_columns"] == list(SAMPLES_KEY)
             if conn.dialect.name == "sqlite":
                 ddl = conn.exec_driver_sql("SELECT sql FROM sqlite_master WHERE name = 'samples'").scalar()

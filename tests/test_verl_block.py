@@ -174,9 +174,9 @@ def test_every_setting_the_memory_estimate_suggests_for_site_is_a_site_key():
     from rpg_cli.backends.verl import footprint
 
     source = inspect.getsource(footprint._fix)
-    roles = {name: getattr(footprint, name) for name in ("_ACTOR", "_ROLLOUT", "_REF", "_MODEL")}
-    keys = {f"{roles[role]}.{rest}" for role, rest in re.findall(r"\{(_[A-Z]+)\}\.([\w.]+\w)", source)}
-    keys |= {f"{roles[role]}.log_prob_max_token_len_per_gpu" for role in ("_ROLLOUT", "_REF")}  # {key}.log_prob...
+    roles = {name: getattr(footprint, name) for name in ("ACTOR", "ROLLOUT", "REF", "MODEL")}
+    keys = {f"{roles[role]}.{rest}" for role, rest in re.findall(r"\{([A-Z]+)\}\.([\w.]+\w)", source)}
+    keys |= {f"{roles[role]}.log_prob_max_token_len_per_gpu" for role in ("ROLLOUT", "REF")}  # {key}.log_prob...
     assert len(keys) == 8 and f"{ACTOR}.ppo_max_token_len_per_gpu" in keys, keys
     assert keys <= set(SITE_KEYS), keys - set(SITE_KEYS)
     assert "verl.overrides" not in source and source.count("(verl.site") >= 6
@@ -454,7 +454,7 @@ def test_the_masker_decodes_a_parameters_name_before_judging_it(text):
 def test_the_dry_runs_verl_line_is_masked_even_for_a_block_that_got_past_the_spec():
     from types import SimpleNamespace
 
-    from rpg_cli.cli.sweep import _verl_blocks
+    from rpg_cli.orchestration.dryrun import _verl_blocks
 
     plan = SimpleNamespace(spec={"verl": {"env": {"DB_PASS": SECRET}, "site": [f"x=postgresql://u:{SECRET}@h/d"]}})
     (line,) = _verl_blocks([plan])

@@ -274,7 +274,7 @@ def test_a_resumed_job_continues_metrics_jsonl_instead_of_starting_it_over(tmp_p
             self.logger.log(data={"actor/pg_loss": np.float32(step / 10), "val": 1.0 if step == 0 else 0.5}, step=step)
         self.logger.finish()
 
-    monkeypatch.setattr(ref.PPOTrainerSync, "fit", verls_fit)
+    monkeypatch.setattr(ref.SyncTrainer, "fit", verls_fit)
     for resumed, steps in ((0, [0, 1, 2, 3]), (2, [2, 3, 4])):  # killed after step 3, resumed from global_step_2
         trainer = trainer_shell("frozen")
         trainer.config = OmegaConf.create({"trainer": {"logger": ["console", "file"]}})
@@ -300,9 +300,9 @@ def test_the_trainer_ends_its_gpu_lease_once_its_workers_hold_the_gpus_or_fail(m
     monkeypatch.setattr(ref, "release_lease", released.append)
     trainer = trainer_shell("frozen")
     trainer.config = OmegaConf.create({"ray_kwargs": {"ray_init": {"namespace": "rpg-1a2b3c4d"}}})
-    monkeypatch.setattr(ref.PPOTrainerSync, "_setup", lambda self: released.append("workers"))
+    monkeypatch.setattr(ref.SyncTrainer, "_setup", lambda self: released.append("workers"))
     trainer._setup()
-    monkeypatch.setattr(ref.PPOTrainerSync, "_setup", lambda self: 1 / 0)
+    monkeypatch.setattr(ref.SyncTrainer, "_setup", lambda self: 1 / 0)
     with pytest.raises(ZeroDivisionError):
         trainer._setup()
     assert released == ["workers", "rpg-1a2b3c4d", "rpg-1a2b3c4d"]
@@ -312,7 +312,7 @@ def test_a_job_without_rpgs_file_logger_path_keeps_verls_loggers(tmp_path, monke
     from omegaconf import OmegaConf
 
     monkeypatch.delenv("VERL_FILE_LOGGER_PATH", raising=False)
-    monkeypatch.setattr(ref.PPOTrainerSync, "fit", lambda self: None)
+    monkeypatch.setattr(ref.SyncTrainer, "fit", lambda self: None)
     trainer = trainer_shell("frozen")
     trainer.config = OmegaConf.create({"trainer": {"logger": ["console", "file"]}})
     trainer.global_steps = 0

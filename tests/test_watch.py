@@ -14,6 +14,7 @@ import pytest
 from conftest import make_spec, spec_dict
 
 from rpg_cli import watch
+from rpg_cli.orchestration import reconcile
 from rpg_cli.orchestration import sweep as orchestration
 from rpg_cli.orchestration.plan import RunPlan
 from rpg_cli.orchestration.watch import breach, verdict
@@ -193,7 +194,7 @@ def test_the_watcher_stops_and_fails_a_live_run_beyond_a_bound_once(store, tmp_p
     )
     assert (run.run_dir / "job.log").read_text() == "step 3 done\n"
     orchestration._poll(ray, store, [run.id])  # Ray now says STOPPED: the watcher's reason stays
-    orchestration.sync_run(ray, store, after, ray.job(run.id))  # as the next `rpg sweep` brings Ray's word in
+    reconcile.sync_run(ray, store, after, ray.job(run.id))  # as the next `rpg sweep` brings Ray's word in
     assert store.run(run.id).status == "failed" and store.run(run.id).error == after.error and ray.stopped == [run.id]
 
 
@@ -231,7 +232,7 @@ def test_a_resumed_attempt_that_logged_no_new_step_fails_naming_verl_7401(store,
     with open(run.metrics_path, "a") as f:  # ...logs its restart and the resumed step's validation, then exits 0
         f.write(restart(2) + line(2, **{"val-core/aime/acc/mean@4": 0.5}))
     ray = StandInCluster({f"{run.id}-2": "SUCCEEDED"})
-    state = orchestration.sync_run(ray, store, store.run(run.id), ray.job(f"{run.id}-2"))
+    state = reconcile.sync_run(ray, store, store.run(run.id), ray.job(f"{run.id}-2"))
     after = store.run(run.id)
     assert state == "failed" and after.status == "failed" and after.attempts == 2
     assert after.error.startswith("the resumed attempt ended without a new step after step 2 of 4 (verl #7401:")
@@ -242,7 +243,7 @@ def test_a_resumed_attempt_that_logged_no_new_step_fails_naming_verl_7401(store,
     with open(resumed.metrics_path, "a") as f:
         f.write(restart(2) + line(3))
     ray = StandInCluster({"ok-2": "SUCCEEDED"})
-    assert orchestration.sync_run(ray, store, store.run("ok"), ray.job("ok-2")) == "succeeded"
+    assert reconcile.sync_run(ray, store, store.run("ok"), ray.job("ok-2")) == "succeeded"
 
 
 def test_a_resumed_attempt_of_a_complete_run_is_not_failed_for_having_nothing_left(store, tmp_path):

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import torch
 
-KL_VARIANTS = ("fkl", "rkl", "ufkl", "urkl")
+from rpg_cli.algorithms.table import KL_VARIANTS
 
 # exp() of a log-ratio beyond this overflows float32 products and sums; verl clamps at the same bound.
 LOG_RATIO_LIMIT = 20.0

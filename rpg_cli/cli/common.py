@@ -188,7 +188,7 @@ def reconcile_shown(
     with one line saying why unless `quiet`."""
     from pathlib import Path
 
-    from rpg_cli.orchestration.sweep import reconcile
+    from rpg_cli.orchestration.reconcile import reconcile
 
     result = reconcile(store, runs, address=address, runs_dir=Path(runs_dir))
     if result.unconfirmed and not quiet:

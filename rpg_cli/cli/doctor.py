@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import typer
 
+from rpg_cli.backends.registry import allowed, backend_names
 from rpg_cli.cli.common import fail, rpg_command, runs_dir_option
 
 
@@ -13,7 +14,10 @@ def doctor_command(
         None, metavar="SPEC", help="A sweep YAML: check its inputs, and this node for the backends its runs use."
     ),
     backend: str = typer.Option(
-        None, "--backend", metavar="verl|local", help="Check SPEC's runs as on this backend (as rpg sweep --backend)."
+        None,
+        "--backend",
+        metavar="|".join(backend_names()),
+        help="Check SPEC's runs as on this backend (as rpg sweep --backend).",
     ),
     as_json: bool = typer.Option(False, "--json", metavar="", help="One JSON object per check instead of text."),
     address: str = typer.Option(
@@ -52,8 +56,8 @@ def doctor_command(
       # one JSON object per line
       rpg doctor --json
     """
-    if backend not in (None, "verl", "local"):
-        fail("doctor", ValueError(f"unknown --backend {backend!r}; allowed: verl, local"))
+    if backend is not None and backend not in backend_names():
+        fail("doctor", ValueError(f"unknown --backend {backend!r}; allowed: {allowed()}"))
     from pathlib import Path
 
     from rpg_cli.orchestration.doctor import doctor, failed

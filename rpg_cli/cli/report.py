@@ -34,6 +34,12 @@ def report(
         metavar="",
         help="Training-dynamics figures (PNG and SVG), one panel per metric, one line per run.",
     ),
+    cost: bool = typer.Option(
+        False,
+        "--cost",
+        metavar="",
+        help="What each cell cost: runs, device-hours (mean ± 95% interval over seeds, and the total), each phase's share of the step time, tokens/s per device, MFU. Same cells and formats as --table.",
+    ),
     sweep_name: str = sweep_option(),
     metric: str = typer.Option(
         "mean@k",
@@ -89,6 +95,12 @@ def report(
         help="--plot panels: reward, entropy, response_length, kl, reference_kl, reference_age, val (one per benchmark), or any logged key. Default: those of these that were logged.",
     ),
     smooth: int = typer.Option(1, "--smooth", min=1, metavar="N", help="--plot: moving average over N logged steps."),
+    x_axis: str = typer.Option(
+        "step",
+        "--x",
+        metavar="step|device-hours",
+        help="--plot's x axis: the training step, or each run's cumulative device-hours through it (devices x summed timing_s/step + timing_s/testing).",
+    ),
     fixed_problems: bool = typer.Option(
         False,
         "--fixed-problems",
@@ -116,12 +128,20 @@ def report(
     runs counts in its row's seeds as finished/ran ("2/3"), and the footer names it with its state,
     reason and the step it reached; CSV and JSON list those runs per cell.
 
+    --cost: per cell, device-hours (devices x the time each run held them, not the time it queued: mean
+    over the runs that finished ± half its 95% interval over seeds, and the total over every run), the
+    share of each phase (generation, old log-prob, reference, update, weight sync, validation; other: the
+    rest) of the summed step time, tokens/s per device and MFU ("-": not logged, as on a CPU).
+
     Examples:
 
       rpg report --table --sweep smoke-seeds
       rpg report --table --select-on aime25 --format markdown
       rpg report --table --sweep paper-qwen3-4b --compare-paper -o table.tex
       rpg report --plot --metrics reward,val --per-seed --smooth 5
+      rpg report --cost --sweep smoke-seeds
+      rpg report --cost --sweep paper-qwen3-4b -o cost.csv
+      rpg report --plot --metrics val --x device-hours
     """
     from pathlib import Path
 
@@ -130,15 +150,29 @@ def report(
     from rpg_cli.store import StoreError
 
     check_format("report", output_format, ("table", *rp.RENDERERS))
-    if table and plot and output:
+    if (table or cost) and plot and output:
         fail(
             "report",
             ValueError("--output names the table file or the plots directory: use it with --table or --plot, not both"),
         )
+    if table and cost:
+        fail("report", ValueError("--table and --cost: ask for one table at a time"))
+    if x_axis not in rp.X_AXES:
+        fail("report", ValueError(f"--x {x_axis}: expected {' or '.join(rp.X_AXES)}"))
     with existing_store("report", db) as store:
         try:
             reconcile_shown("report", store, store.runs(sweep=sweep_name), address, runs_dir, marked=False)
-            if table or not plot:
+            if cost:
+                fmt = output_format or (
+                    rp.FORMAT_BY_SUFFIX.get(Path(output).suffix.lower(), "table") if output else "table"
+                )
+                costs = rp.build_cost_table(store, sweep_name)
+                text = rp.COST_RENDERERS[fmt](costs) if fmt != "table" else _render_cost(costs, to_text=bool(output))
+                if output:
+                    typer.echo(f"wrote {write_atomic(output, text)}")
+                elif text:
+                    typer.echo(text, nl=False)
+            elif table or not plot:
                 fmt = output_format or (
                     rp.FORMAT_BY_SUFFIX.get(Path(output).suffix.lower(), "table") if output else "table"
                 )
@@ -168,6 +202,7 @@ def report(
                         smooth_window=smooth,
                         strict=metrics is not None,
                         per_seed=per_seed,
+                        x=x_axis,
                     ),
                 )
                 for path in rp.save_figure(fig, output or f"runs/{PLOTS_DIR}", f"training-{sweep_name or 'all'}"):
@@ -188,6 +223,12 @@ def compare(
     where: list[str] = where_option(" On both sides."),
     step: str = typer.Option(
         "last", "--step", metavar="last|N", help="Each run's final evaluated step, or step N of every run."
+    ),
+    budget: float = typer.Option(
+        None,
+        "--budget",
+        metavar="DEVICE-HOURS",
+        help="Compare at equal compute: each run's score by H device-hours (devices x its summed step time), read as a step function: its last evaluated step at or below H, no interpolation. A run that finished before H keeps its final score; one still running, or that failed/stopped before H, is named and not compared.",
     ),
     metric: str = typer.Option(
         "mean@k",
@@ -241,6 +282,14 @@ def compare(
     diverged, stopped, preempted, still running) says how many and how ("GRPO: 1 of 3 seeds diverged at
     step 120; the interval is over the 2 that finished").
 
+    --budget H compares at equal compute instead of at a step: each run's cumulative device-hours at each
+    evaluated step (devices x the summed timing_s/step + timing_s/testing through it), and the score it
+    had reached by H: the one at its last evaluated step at or below H (no interpolation between
+    evaluations). A run that finished before H keeps its final score; a run that reached H counts
+    whatever its state now; one still running, or that ended otherwise before H, or with no evaluation
+    by H, never reached it: one line per side names them; a side with none left is an error. The header
+    gives each side's mean device-hours behind its scores.
+
     Examples:
 
       rpg compare GRPO DAPO --sweep smoke-seeds
@@ -248,6 +297,7 @@ def compare(
       rpg compare GRPO RPG-REINFORCE-URKL --step 200 -b aime24 --format json
       rpg compare GRPO DAPO --fixed-problems --effect 5
       rpg compare grpo-s0-1a2b3c4d,grpo-s1-5e6f7a8b dapo-s0-9c0d1e2f
+      rpg compare GRPO RPG-REINFORCE-URKL --budget 120
     """
     from rpg_cli import report as rp
     from rpg_cli.stats import StatsError
@@ -256,6 +306,10 @@ def compare(
     check_format("compare", output_format, COMPARE_FORMATS)
     if step != "last" and not step.isdigit():
         fail("compare", ValueError(f"--step {step!r}: expected last or a step number"))
+    if budget is not None and step != "last":
+        fail("compare", ValueError("--budget and --step: compare at a step or at a budget, not both"))
+    if budget is not None and not budget > 0:
+        fail("compare", ValueError(f"--budget {budget:g}: give device-hours above 0"))
     if effect is not None and not 0 < effect <= 100:
         fail("compare", ValueError(f"--effect {effect:g}: give a difference in points, above 0 and at most 100"))
     options = rp.CompareOptions(
@@ -268,6 +322,7 @@ def compare(
         pair_seeds=pair_seeds,
         fixed_problems=fixed_problems,
         effect=None if effect is None else effect / 100,
+        budget=budget,
     )
     with existing_store("compare", db) as store:
         try:
@@ -319,4 +374,31 @@ def _render_report_table(built, to_text: bool = False) -> str:
             table.add_row(row.method.replace("[", r"\["), row.seeds_text, *cells)
         console.print(table)
     console.print("bold: best of its column, underlined: second.", *rp.footer(built), sep="\n", highlight=False)
+    return console.file.getvalue() if to_text else ""
+
+
+def _render_cost(costs, to_text: bool = False) -> str:
+    """The terminal cost table: one rich table per model and context, then the footer. Printed directly
+    (returns ''), or returned as plain text when it goes to a file."""
+    import io
+
+    from rich.console import Console
+    from rich.markup import escape
+    from rich.table import Table
+
+    from rpg_cli.report import costs as rc
+
+    console = Console(file=io.StringIO(), width=200, color_system=None) if to_text else make_console()
+    for (model, context), rows in rc.groups(costs).items():
+        console.print(f"[bold]{escape(model)} · {escape(context)} · cost[/]", highlight=False)
+        table = Table()
+        table.add_column("method", no_wrap=True)
+        table.add_column("runs", justify="right")
+        for title in rc.header(costs):
+            table.add_column(title, justify="right", no_wrap=True)
+        for row in rows:
+            table.add_row(escape(row.method), row.runs_text, *(escape(c) for c in rc.cells(costs, row)))
+        console.print(table)
+    for line in costs.notes:
+        console.print(escape(line), highlight=False, soft_wrap=True)  # one note stays one line
     return console.file.getvalue() if to_text else ""

@@ -50,10 +50,13 @@ def runs_command(
     address: str = address_option(),
     runs_dir: str = runs_dir_option(),
 ) -> None:
-    """List runs: seed, state, attempts, last step, reward and validation accuracy, time queued and run.
+    """List runs: seed, state, attempts, last step, reward and validation accuracy, time queued and run, cost.
 
     The reward is the last critic/score/mean logged; the validation accuracy the mean over benchmarks
-    of each one's last val-core mean@k. Runs recorded as live are first checked with the Ray cluster
+    of each one's last val-core mean@k. s/step is the median step time of its last 100 steps, tok/s/dev its
+    last tokens per second per device, dev-h its device-hours so far (its GPUs, or 1 for a CPU run, times the
+    time its attempts held them: not the time queued or waiting for GPUs), ETA a live run's time to its last
+    step at that pace. Runs recorded as live are first checked with the Ray cluster
     (a run that finished unwatched shows as finished); when no cluster answers, they are shown as
     last recorded, marked ?. A run whose metrics.jsonl was truncated or rewritten after the store read
     it is marked ! (the store kept what it had read instead of believing the file). Above 200 runs the
@@ -153,6 +156,17 @@ def runs_command(
         )
 
 
+_RIGHT = ("seed", "attempts", "step", "reward", "val", "queued_s", "run_s", "s_per_step", "tokens_s_per_device")
+_RIGHT += ("device_hours", "eta_s")
+
+
+def figure(value: float | None) -> str:
+    """A positive figure in a few characters, to the precision it is read at: 790, 12.3, 0.52; '-' when unknown."""
+    if value is None:
+        return "-"
+    return f"{value:.0f}" if value >= 100 else f"{value:.1f}" if value >= 10 else f"{value:.2f}"
+
+
 def _runs_table(rows: list[dict], sweep_name: str | None, stale, changed: dict, wide: bool):
     """The terminal table of `rpg runs`: one row per run; with how many failure reasons it cut short."""
     from rich.table import Table
@@ -166,7 +180,7 @@ def _runs_table(rows: list[dict], sweep_name: str | None, stale, changed: dict, 
     for field in TABLE_FIELDS:
         table.add_column(
             TABLE_TITLES.get(field, field),
-            justify="right" if field in ("seed", "attempts", "step", "reward", "val", "queued_s", "run_s") else "left",
+            justify="right" if field in _RIGHT else "left",
             no_wrap=field not in ("name", "error"),
             # a name is how a run is referred to: folded over lines on a narrow terminal, never cut or squeezed out
             overflow="fold" if field == "name" else "ellipsis",
@@ -192,6 +206,10 @@ def _runs_table(rows: list[dict], sweep_name: str | None, stale, changed: dict, 
             "-" if r["val"] is None else f"{r['val']:.4f}",
             wall_text(r["queued_s"]),
             wall_text(r["run_s"]),
+            figure(r["s_per_step"]),
+            "-" if r["tokens_s_per_device"] is None else f"{r['tokens_s_per_device']:,.0f}",
+            figure(r["device_hours"]),
+            "-" if r["eta_s"] is None else wall_text(r["eta_s"]),
             (r["started"] or "-")[:16],
             error.replace("[", r"\["),
         )
@@ -200,7 +218,7 @@ def _runs_table(rows: list[dict], sweep_name: str | None, stale, changed: dict, 
 
 def _sweeps_table(rows: list[dict], sweep_name: str | None):
     """The terminal table of `rpg runs` over many runs: one row per sweep, its runs counted by state (the
-    states no run is in left out), the steps reached and the latest start."""
+    states no run is in left out), the steps reached, its device-hours so far and the latest start."""
     from rich.table import Table
 
     from rpg_cli.report.summary import sweeps_summary
@@ -211,7 +229,7 @@ def _sweeps_table(rows: list[dict], sweep_name: str | None):
     stalls = any(sweep["stalled"] for sweep in sweeps)
     table = Table(title=f"runs of {sweep_name}, per sweep" if sweep_name else "runs per sweep")
     table.add_column("sweep", no_wrap=True)
-    for title in ("runs", *states, *(("stalled",) if stalls else ()), "steps"):
+    for title in ("runs", *states, *(("stalled",) if stalls else ()), "steps", "dev-h"):
         table.add_column(title, justify="right", no_wrap=True)
     table.add_column("last started (UTC)", no_wrap=True)
     for sweep in sweeps:
@@ -222,6 +240,7 @@ def _sweeps_table(rows: list[dict], sweep_name: str | None):
             *(str(sweep[s]) if sweep[s] else "-" for s in states),
             *((str(sweep["stalled"]) if sweep["stalled"] else "-",) if stalls else ()),
             "-" if low is None else str(low) if low == high else f"{low}-{high}",
+            figure(sweep["device_hours"]),
             (sweep["started"] or "-")[:16],
         )
     return table
@@ -238,8 +257,8 @@ def logs_command(
     """Print a run's job output (from the cluster while it knows the job, else the run's job.log)."""
     from pathlib import Path
 
+    from rpg_cli.orchestration.controls import job_logs
     from rpg_cli.orchestration.head import ClusterError
-    from rpg_cli.orchestration.sweep import job_logs
     from rpg_cli.store import StoreError
     from rpg_cli.store.url import redact
 
@@ -478,8 +497,8 @@ def stop_command(
     """
     from pathlib import Path
 
+    from rpg_cli.orchestration.controls import LiveRunsError, stop
     from rpg_cli.orchestration.head import ClusterError
-    from rpg_cli.orchestration.sweep import LiveRunsError, stop
 
     try:
         stopped = stop(Path(runs_dir), db, force=force)

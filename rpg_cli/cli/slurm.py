@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import typer
 
+from rpg_cli.backends.registry import allowed, backend_names
 from rpg_cli.cli.common import db_option, fail, rpg_command, runs_dir_option, warn
 
 
@@ -58,7 +59,10 @@ def slurm_command(
         "requeues itself and its next allocation continues the sweep.",
     ),
     backend: str = typer.Option(
-        None, "--backend", metavar="verl|local", help="Run every cell on this backend instead of the spec's."
+        None,
+        "--backend",
+        metavar="|".join(backend_names()),
+        help="Run every cell on this backend instead of the spec's.",
     ),
     retry_failed: bool = typer.Option(
         False, "--retry-failed", metavar="", help="Rerun runs that failed or were stopped."
@@ -89,8 +93,8 @@ def slurm_command(
       # 4-hour allocations, each going on where the last one stopped
       rpg slurm experiments/paper-qwen3-4b.yaml --time 4:00:00 --requeue
     """
-    if backend not in (None, "verl", "local"):
-        raise typer.BadParameter(f"{backend!r}; allowed: verl, local", param_hint="--backend")
+    if backend is not None and backend not in backend_names():
+        raise typer.BadParameter(f"{backend!r}; allowed: {allowed()}", param_hint="--backend")
     import shutil
     from pathlib import Path
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import typer
 
-from rpg_cli.algorithms.table import algorithm
+from rpg_cli.backends.registry import allowed, backend_names
 from rpg_cli.cli.common import db_option, error_line, fail, make_console, rpg_command, status_text, warn
 from rpg_cli.watch import STALL_FACTOR, STALL_FLOOR_S
 
@@ -33,7 +33,10 @@ def sweep(
         "runs", "--runs-dir", metavar="PATH", help="Root of the run directories: PATH/<sweep>/<run>/."
     ),
     backend: str = typer.Option(
-        None, "--backend", metavar="verl|local", help="Run every cell on this backend instead of the spec's."
+        None,
+        "--backend",
+        metavar="|".join(backend_names()),
+        help="Run every cell on this backend instead of the spec's.",
     ),
     detach: bool = typer.Option(
         False, "--detach", metavar="", help="Submit and return at once instead of following progress."
@@ -87,8 +90,8 @@ def sweep(
     """
     if output_format not in ("table", "json"):
         raise typer.BadParameter(f"{output_format!r}; allowed: table, json", param_hint="--format")
-    if backend not in (None, "verl", "local"):
-        raise typer.BadParameter(f"{backend!r}; allowed: verl, local", param_hint="--backend")
+    if backend is not None and backend not in backend_names():
+        raise typer.BadParameter(f"{backend!r}; allowed: {allowed()}", param_hint="--backend")
     if stall_timeout is not None and not (stall_timeout >= 0 and stall_timeout < float("inf")):
         raise typer.BadParameter(f"{stall_timeout!r}; allowed: seconds >= 0", param_hint="--stall-timeout")
     if check and not dry_run:
@@ -100,271 +103,71 @@ def sweep(
         )
     from pathlib import Path
 
-    from rpg_cli.orchestration.plan import known_states, plan_sweep
-    from rpg_cli.spec import SpecError, load_sweep
+    from rpg_cli.orchestration.dryrun import plan_submission
+    from rpg_cli.spec import SpecError
+    from rpg_cli.store import StoreError
 
     try:
-        plans = plan_sweep(load_sweep(spec), Path(runs_dir), backend=backend)
-    except SpecError as e:
+        plan = plan_submission(
+            spec,
+            Path(runs_dir),
+            db,
+            backend=backend,
+            address=address,
+            retry_failed=retry_failed,
+            dry_run=dry_run,
+            check=check,
+        )
+    except (SpecError, StoreError) as e:  # StoreError: a submission's store (the dry run shows states as unknown)
         fail("sweep", e)
     if not dry_run:
-        _watch_sweep(
-            plans,
-            plans[0].sweep,
-            db,
-            address=address,
-            detach=detach,
-            retry_failed=retry_failed,
-            runs_dir=runs_dir,
-            stall_timeout=stall_timeout,
-        )
+        _watch_sweep(plan, db, detach=detach, runs_dir=runs_dir, stall_timeout=stall_timeout)
         return
-    try:
-        states = known_states(db, plans)
-    except Exception as e:  # a store we cannot read must not hide the plan
-        warn("sweep", f"cannot read run states from {db} ({type(e).__name__}: {e}); showing them as unknown")
-        states = {p.id: "unknown" for p in plans}
-    checked = _config_checks(plans, states) if check and output_format == "json" else None
-    verdicts = _verdicts(checked) if checked is not None else None
+    if plan.unread:
+        warn("sweep", plan.unread)
     if output_format == "json":
         import json
 
-        from rpg_cli.benchmarks import describe_scorers
-        from rpg_cli.inputs import validation_cost
-        from rpg_cli.orchestration.plan import footprints
-
-        figures = footprints(plans)
-        rows = [
-            {
-                "id": p.id,
-                "name": p.name,
-                "spec": p.spec,
-                "state": states[p.id],
-                "entrypoint": p.entrypoint,
-                "validation": (cost := validation_cost(p.spec)) and cost.as_dict(),
-                "scorers": describe_scorers(p.spec),
-                **figures[p.id],
-                **({"check": verdicts.get(p.name)} if verdicts is not None else {}),
-            }
-            for p in plans
-        ]
-        typer.echo(json.dumps(rows, indent=2))
+        if check:  # its verdicts are in the rows
+            _run_check(plan)
+        typer.echo(json.dumps(plan.json_rows(), indent=2))
     else:
-        _print_sweep_plan(plans, states, retry_failed)
-    _print_elsewhere(plans, states, db)
-    bad_inputs = _print_checks(plans, states, retry_failed)
-    if check and checked is None:  # the plan is on screen first: the check takes a while
-        checked = _config_checks(plans, states)
-        for line in _config_check_lines(checked):
-            typer.echo(line)
-    if checked is not None:
-        _say_check_times(checked)
-    if bad_inputs or (checked and any(c is not None and c.refused for c in checked.values())):
+        _print_sweep_plan(plan)
+    for line in plan.elsewhere_lines() + plan.check_lines():
+        warn("sweep", line)
+    if check:  # the plan is on screen first: the check takes a while
+        _run_check(plan)
+        if output_format == "table":  # json: each row has its verdict
+            for line in plan.config_check_lines():
+                typer.echo(line)
+        for line in plan.check_time_lines():
+            warn("sweep", line)
+    if plan.refused:
         raise typer.Exit(2)
 
 
-def _config_checks(plans: list, states: dict[str, str]) -> dict:
-    """Each backend's pre-submission check of the runs (orchestration/preflight.py); one line and exit 2 when a
-    check cannot run (the plugin does not load, a stage runs out of time)."""
-    from rpg_cli.orchestration.preflight import check_configs
-
+def _run_check(plan) -> None:
+    """The backends' pre-submission check of the plan (orchestration/preflight.py), run once: one line and exit 2
+    when it cannot run (the plugin does not load, a stage runs out of time)."""
     try:
-        return check_configs(plans, states)
+        plan.config_check  # noqa: B018 (computed on first use, then kept)
     except RuntimeError as e:
         fail("sweep", e)
 
 
-def _names(runs: tuple[str, ...], shown: int = 3) -> str:
-    more = f" and {len(runs) - shown:,} more" if len(runs) > shown else ""
-    return ", ".join(runs[:shown]) + more
-
-
-def _config_check_lines(checked: dict) -> list[str]:
-    """`--check`'s verdicts: per backend, how many distinct configurations its runs make, how many runs it
-    takes, and a line per refused configuration naming its runs and the reason (masked like every printout)."""
-    from rpg_cli.store.url import redact
-
-    lines = [] if checked else ["check: nothing to check (every run succeeded)"]
-    for backend, found in checked.items():
-        if found is None:
-            lines.append(f"{backend} check: none (backend {backend} has no pre-submission check)")
-            continue
-        runs, n = sum(len(v.runs) for v in found.verdicts), len(found.verdicts)
-        lines.append(
-            f"{backend} check: {runs:,} run(s) in {n:,} distinct configuration(s), each checked once ({found.alike})"
-        )
-        taken = [v for v in found.verdicts if v.refusal is None]
-        if taken:
-            lines.append(
-                f"{backend} check: ok: {sum(len(v.runs) for v in taken):,} run(s) ({len(taken):,} configuration(s))"
-            )
-        for v in found.refused:
-            lines.append(f"{backend} check: refused: {len(v.runs):,} run(s) ({_names(v.runs)}): {v.refusal}")
-    return [redact(line) for line in lines]
-
-
-def _verdicts(checked: dict) -> dict[str, str]:
-    """Each checked run's verdict for --format json: "ok", or the backend's refusal (a run not in it: not checked,
-    as succeeded, or of a backend without a check)."""
-    return {
-        name: "ok" if v.refusal is None else v.refusal
-        for found in checked.values()
-        if found is not None
-        for v in found.verdicts
-        for name in v.runs
-    }
-
-
-def _say_check_times(checked: dict) -> None:
-    for backend, found in checked.items():
-        if found is not None:
-            warn("sweep", f"the {backend} check took {found.total_s:.1f} s ({found.import_s:.1f} s importing)")
-
-
-def _print_elsewhere(plans: list, states: dict[str, str], db: str) -> None:
-    """One line on stderr per other sweep that already has some of these runs (a copied sweep file)."""
-    from rpg_cli.orchestration.plan import recorded_elsewhere
-
-    try:
-        elsewhere = recorded_elsewhere(db, plans, states)
-    except Exception:  # the states could not be read either: said above
-        return
-    for home, counts in elsewhere.items():
-        how = ", ".join(f"{n} {state}" for state, n in sorted(counts.items()))
-        what = "succeeded" if set(counts) == {"succeeded"} else f"recorded ({how})"
-        warn(
-            "sweep",
-            f"{sum(counts.values())} run(s) already {what} in sweep {home}: a run is its spec, not its "
-            f"sweep's name, so they are not run again and their files stay in {home}'s directory",
-        )
-
-
-def _print_checks(plans: list, states: dict[str, str], retry_failed: bool) -> bool:
-    """The inputs of the runs to start, checked (data files, model, prompt lengths): one line each on
-    stderr; returns whether any is an error."""
-    from rpg_cli.orchestration.plan import check_line, check_plans
-
-    checks = check_plans(plans, states, retry_failed)
-    for check in checks:
-        warn("sweep", check_line(check, len(plans)))
-    return any(c.finding.error for c in checks)
-
-
-def _print_sweep_plan(plans: list, states: dict[str, str], retry_failed: bool) -> None:
+def _print_sweep_plan(plan) -> None:
+    """The dry run's table and the lines under it, as the plan has them."""
     from rich.table import Table
 
-    from rpg_cli.orchestration.plan import footprints, summarize, validation_costs
-    from rpg_cli.spec import context_label
-
-    figures = footprints(plans)
-    sized = any(f.get("gpu_memory_gib") is not None for f in figures.values())
-    table = Table(title=f"sweep {plans[0].sweep}" if plans else "sweep", show_lines=False)
-    columns = ("name", "id", "algorithm", "kl", "clip", "optimizer", "context", "seed", "state")
-    for column in (*columns, "GPU GiB", "disk GB") if sized else columns:
+    table = Table(title=plan.title, show_lines=False)
+    for column in plan.columns:
         table.add_column(column, no_wrap=column != "name", justify="right" if column.endswith("B") else "left")
-    for p in plans:
-        clip = p.spec["clip"]
-        clip_text = f"{clip['eps_low']:g}/{clip['eps_high']:g}" if clip else "off"
-        if clip and algorithm(p.spec["algorithm"]).takes("clip.c"):  # the dual clip's bound, where it has one
-            clip_text += f" c={clip['c']:g}"
-        table.add_row(
-            p.name,
-            p.id,
-            p.spec["algorithm"],
-            p.spec["kl"],
-            clip_text,
-            p.spec["optimizer"],
-            context_label(p.spec["context"]),
-            str(p.spec["seed"]),
-            states[p.id],
-            *((_figure(figures[p.id], "gpu_memory_gib"), _figure(figures[p.id], "disk_gb")) if sized else ()),
-        )
+    for row in plan.table_rows():
+        table.add_row(*row)
     console = make_console()
     console.print(table)
-    n = summarize(plans, states, retry_failed)
-    console.print(
-        f"{n.runs} runs: {n.submit} to submit ({n.gpus:g} GPUs), {n.attach} live to re-attach, "
-        f"{n.done} succeeded, {n.skip} failed/stopped skipped"
-        + ("" if retry_failed or not n.skip else " (--retry-failed resubmits them)")
-        + ". Dry run: nothing was written.",
-        highlight=False,
-    )
-    for runs, problems, n, count, every in validation_costs(plans):
-        per = (
-            f"{problems:,} problems x {n} samples = {problems * n:,} generations"
-            if problems is not None
-            else f"{n} samples per problem (problems not counted: the files are not readable here)"
-        )
-        console.print(
-            f"validation ({runs} runs): {per} per validation, {count} per run (before training, every "
-            f"{every} steps and at the last)",
-            highlight=False,
-        )
-    for line in _footprint_lines(plans, figures, states, retry_failed):
-        console.print(line, highlight=False)
-    for block, runs in _verl_blocks(plans).items():
-        console.print(f"verl ({runs} runs): {block}", highlight=False, soft_wrap=True)
-    for line, runs in _scoring_lines(plans).items():
-        console.print(f"{line} ({runs} runs)", highlight=False)
-
-
-def _figure(figures: dict, key: str) -> str:
-    value = figures.get(key)
-    return "?" if value is None else f"{value:,.0f}" if value >= 100 else f"{value:.1f}"
-
-
-def _footprint_lines(plans: list, figures: dict, states: dict[str, str], retry_failed: bool) -> list[str]:
-    """What the runs to submit need, summed (disk) and at most (a GPU's memory), before a GPU is paid for."""
-    from rpg_cli.states import SUBMIT, run_action
-
-    todo = [p for p in plans if run_action(states[p.id], retry_failed) == SUBMIT and figures[p.id]]
-    known = [p for p in todo if figures[p.id].get("disk_gb") is not None]
-    if not todo:
-        return []
-    if not known:
-        return [f"memory and disk ({len(todo)} runs): not estimated, no model config.json here (see the notes)"]
-    disk = sum(figures[p.id]["disk_gb"] for p in known)
-    peak = max(known, key=lambda p: figures[p.id]["gpu_memory_gib"])
-    unknown = f"; {len(todo) - len(known)} not estimated (no model config.json here)" if len(known) < len(todo) else ""
-    return [
-        f"disk ({len(known)} runs to submit): {disk:,.0f} GB of checkpoints when they end, at most "
-        f"{max(figures[p.id]['disk_peak_gb'] for p in known):,.0f} GB for one run while it saves (spec: checkpoints){unknown}",
-        f"memory: at most ~{figures[peak.id]['gpu_memory_gib']:.1f} GiB per GPU ({peak.name}), estimated for "
-        f"{peak.spec['resources']['gpu_memory_gib']:g} GiB GPUs (spec: resources.gpu_memory_gib)",
-    ]
-
-
-def _scoring_lines(plans: list) -> dict[str, int]:
-    """How the runs' answers are judged and their prompts tokenized: a line per distinct setting, with its runs."""
-    from rpg_cli.benchmarks import describe_scorers
-
-    lines: dict[str, int] = {}
-    for p in plans:
-        line = f"scorers: {describe_scorers(p.spec)}"
-        kwargs = p.spec.get("chat_template_kwargs") or {}
-        line += "; chat template: " + (", ".join(f"{k}={v!r}" for k, v in kwargs.items()) or "the tokenizer's defaults")
-        lines[line] = lines.get(line, 0) + 1
-    return lines
-
-
-def _verl_blocks(plans: list) -> dict[str, int]:
-    """Each distinct `verl` block of the plans, as one line, with how many runs carry it; masked like every
-    printout (a spec refuses credentials in the block: this is the second line of defence)."""
-    from rpg_cli.store.url import redact
-
-    lines: dict[str, int] = {}
-    for p in plans:
-        block = p.spec.get("verl") or {}
-        parts = [
-            f"{field} {' '.join(block[field])}" + (" (run id)" if field == "overrides" else "")
-            for field in ("overrides", "site")
-            if block.get(field)
-        ]
-        parts += [f"env {' '.join(f'{k}={v}' for k, v in block['env'].items())}"] if block.get("env") else []
-        if parts:
-            line = redact("; ".join(parts))
-            lines[line] = lines.get(line, 0) + 1
-    return lines
+    for line in plan.notes():
+        console.print(line.text, highlight=False, soft_wrap=True if line.whole else None)
 
 
 def _progress_caption(snapshot) -> str:
@@ -395,6 +198,33 @@ def _progress_table(snapshot):
             error_line(r.error, 50),
         )
     return table
+
+
+def _live_view(snapshot):
+    """What a terminal shows while the sweep is watched: its table, and under it the progress line when the
+    snapshot has its numbers (orchestration/progress.py, sweep_eta)."""
+    from rich.console import Group
+
+    table = _progress_table(snapshot)
+    return table if snapshot.eta is None else Group(table, _progress_line(snapshot.eta))
+
+
+def _progress_line(eta):
+    """One line: a bar of the steps done, the runs and steps done of their totals, the sweep's ETA."""
+    from rich.progress_bar import ProgressBar
+    from rich.table import Table
+
+    from rpg_cli.report import wall_text
+
+    line = Table.grid(padding=(0, 1))
+    line.add_column(no_wrap=True)
+    line.add_column(no_wrap=True)
+    left = "ETA -" if eta.eta_s is None else "done" if eta.runs_done == eta.runs else f"ETA {wall_text(eta.eta_s)}"
+    line.add_row(
+        ProgressBar(total=max(eta.steps, 1), completed=eta.steps_done, width=30),
+        f"runs {eta.runs_done}/{eta.runs} · steps {eta.steps_done}/{eta.steps} · {left}",
+    )
+    return line
 
 
 def _detached(before: dict[str, str], final, retry_failed: bool) -> str:
@@ -428,29 +258,22 @@ def _detached(before: dict[str, str], final, retry_failed: bool) -> str:
 
 
 def _watch_sweep(
-    plans: list,
-    sweep_name: str,
-    db: str,
-    address: str | None = None,
-    detach: bool = False,
-    retry_failed: bool = False,
-    runs_dir: str = "runs",
-    stall_timeout: float | None = None,
+    plan, db: str, detach: bool = False, runs_dir: str = "runs", stall_timeout: float | None = None
 ) -> None:
-    """Submit a sweep's plans as Ray jobs and, unless `detach`, follow them until all have finished:
-    a live table on a terminal, a line per change of the counts otherwise (logs, CI). Exits 0 when
+    """Submit a sweep's plan (orchestration/dryrun.py) as Ray jobs and, unless `detach`, follow them until all have
+    finished: a live table on a terminal, a line per change of the counts otherwise (logs, CI). Exits 0 when
     every run succeeded, 1 when some failed, stopped or were preempted, 2 on a cluster or store error, 130 on Ctrl-C
     (the jobs keep running; the same command re-attaches)."""
-    import os
     from pathlib import Path
 
     from rich.live import Live
 
     from rpg_cli.orchestration.head import ClusterError
-    from rpg_cli.orchestration.plan import PreflightError, check_line, check_plans, known_states, refuse_bad_inputs
+    from rpg_cli.orchestration.plan import PreflightError
     from rpg_cli.orchestration.sweep import run_sweep
     from rpg_cli.store import StoreError
 
+    sweep_name = plan.sweep
     console = make_console()
     live = Live(console=console, auto_refresh=False) if console.is_terminal and not detach else None
     last_caption = None
@@ -458,36 +281,31 @@ def _watch_sweep(
     def show(snapshot) -> None:
         nonlocal last_caption
         if live is not None:
-            live.update(_progress_table(snapshot), refresh=True)
+            live.update(_live_view(snapshot), refresh=True)
         elif not detach and _progress_caption(snapshot) != last_caption:
             last_caption = _progress_caption(snapshot)
             console.print(f"sweep {sweep_name}: {last_caption}", highlight=False)
 
     try:  # a run that would fail on its inputs: one line, before any head, run directory or row
-        before = known_states(db, plans)
-        checks = check_plans(plans, before, retry_failed)
-        for check in checks:
-            if not check.finding.error:
-                warn("sweep", check_line(check, len(plans)))
-        refuse_bad_inputs(checks, len(plans))
-    except (StoreError, PreflightError) as e:
+        for line in plan.check_lines(errors=False):
+            warn("sweep", line)
+        plan.refuse_bad_inputs()
+    except PreflightError as e:
         fail("sweep", e)
-    cluster = address or os.environ.get("RAY_ADDRESS")  # none: the local head rpg starts
-    where = cluster or f"the local Ray head in {runs_dir}/ray (started on first use, ~15 s)"
-    warn("sweep", f"{sweep_name}: {len(plans)} runs; connecting to {where}")
+    where = plan.address or f"the local Ray head in {runs_dir}/ray (started on first use, ~15 s)"
+    warn("sweep", f"{sweep_name}: {len(plan.runs)} runs; connecting to {where}")
     try:
         if live is not None:
             live.start()
         final = run_sweep(
-            plans,
+            plan,
             sweep_name,
             db,
-            address=address,
             detach=detach,
-            retry_failed=retry_failed,
             on_update=show,
             runs_dir=Path(runs_dir),
             stall_timeout=stall_timeout,
+            eta=live is not None,  # the progress line is a terminal's only: logs and CI get the same lines as before
         )
     except KeyboardInterrupt:
         typer.echo(
@@ -504,9 +322,9 @@ def _watch_sweep(
     if live is None:
         console.print(_progress_table(final))
     if detach:
-        typer.echo(_detached(before, final, retry_failed))
+        typer.echo(_detached(plan.states, final, plan.retry_failed))
         return
-    if not cluster:  # a head rpg started: say it is still there
+    if plan.local_head:  # a head rpg started: say it is still there
         warn("sweep", f"the local Ray head in {runs_dir}/ray stays up for the next command; `rpg stop` ends it")
     if any(r.status in ("failed", "stopped", "preempted") for r in final.runs):
         raise typer.Exit(1)

@@ -6,8 +6,12 @@
     options     what the user asks (one pydantic model; an evaluation job receives it as JSON)
     plan        which runs and checkpoints, on which problems, sampled how; checks every input, no torch
     generation  k samples per problem with vLLM or transformers
-    pipeline    scores, records every sample in the run directory, ingests it into the store with
-                the accuracy@k metrics, resumes
+    pipeline    the job's loop: generates and scores what is not scored yet, records every sample in the
+                run directory, resumes (files only)
+    files       the run directory's formats: scored samples, cached responses
+    recording   the store side, only in the `rpg` process: ingests the scored samples, records the
+                accuracy@k metrics from them, reads results and progress back
+    results     the accuracy@k rows of a checkpoint's samples and the result `rpg eval` prints
     metrics     accuracy@k: mean@k, pass@k (unbiased), maj@k, std@k (pure functions)
     job         the evaluation as a Ray job (it never sees the store), and `evaluate`, the one call
                 `rpg eval` makes

@@ -4,8 +4,8 @@ or on rpg's local head), followed to its end. `evaluate` is the one call the CLI
 The job never sees the store, nor its URL or password: it runs `python -m rpg_cli.evaluation '<the
 options as JSON, less --db>' '<the targets as JSON>'` from the directory rpg runs in (the local head
 shares this filesystem; a remote cluster needs the same paths), and writes what it scores to the run
-directories (evaluation/pipeline.py); this process, which holds --db, ingests those files as they grow
-and records the metrics once every problem is scored. The targets are what this process resolved
+directories (evaluation/pipeline.py, in files.py's formats); this process, which holds --db, ingests
+those files as they grow and records the metrics once every problem is scored (evaluation/recording.py). The targets are what this process resolved
 (run ids, names and sweeps are looked up in the store here). The submission id is a hash of the
 command, so running the same `rpg eval` again while the job lives re-attaches to it instead of
 starting a second one; once it has ended, a new attempt gets `-2`, `-3`, ...
@@ -25,16 +25,10 @@ from typing import TYPE_CHECKING
 from rpg_cli import rundir
 from rpg_cli.evaluation.generation import check_tp, visible_gpus
 from rpg_cli.evaluation.options import EvalOptions
-from rpg_cli.evaluation.pipeline import (
-    EvalResult,
-    ScoredFeed,
-    eval_results,
-    finish_eval,
-    prepare_target,
-    run_eval,
-    scored_count,
-)
+from rpg_cli.evaluation.pipeline import run_eval
 from rpg_cli.evaluation.plan import Checkpoint, EvalPlan, Sampling, Target, plan_eval
+from rpg_cli.evaluation.recording import ScoredFeed, eval_results, finish_eval, prepare_target, scored_count
+from rpg_cli.evaluation.results import EvalResult
 from rpg_cli.orchestration.head import connect
 from rpg_cli.orchestration.submit import ray_jobs, run_state, shell_command, submit
 from rpg_cli.rundir import last_lines

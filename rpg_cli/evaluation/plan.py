@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from rpg_cli import rundir
-from rpg_cli.benchmarks import NoScorerError, benchmark_name, scorer_for
+from rpg_cli.benchmarks import NoScorerError, benchmark_name, problem_key, problem_messages, scorer_for
 from rpg_cli.evaluation.options import EvalError, EvalOptions, parse_steps
 
 PLAIN_SWEEP = rundir.PLAIN_SWEEP  # the sweep under which models that belong to no run are recorded
@@ -67,10 +67,10 @@ class Problem:
 
     @property
     def key(self) -> str:
-        """Identifies the problem's content (prompt and ground truth): the store's `problem` of its
-        samples, and the key of its cached responses."""
-        text = json.dumps([list(self.messages), self.ground_truth], sort_keys=True, ensure_ascii=True)
-        return hashlib.sha256(text.encode()).hexdigest()[:16]
+        """Identifies the problem's content (prompt and ground truth; rpg_cli.benchmarks.problem_key, as the dry
+        run and the local trainer count problems): the store's `problem` of its samples, the key of its cached
+        responses."""
+        return problem_key(self.messages, self.ground_truth)
 
 
 @dataclass(frozen=True)
@@ -393,11 +393,7 @@ def read_problems(path: Path) -> tuple[tuple[Problem, ...], int]:
             raise EvalError(
                 f"{path}: row {row} has no reward_model.ground_truth; rewrite the file with `rpg prepare-data`"
             )
-        problem = Problem(
-            tuple({"role": m.get("role") or "user", "content": m["content"]} for m in messages),
-            str(reward["ground_truth"]),
-            str(record["data_source"]),
-        )
+        problem = Problem(problem_messages(messages), str(reward["ground_truth"]), str(record["data_source"]))
         unique.setdefault(problem.key, problem)
     if not unique:
         raise EvalError(f"{path} has no rows; write it with `rpg prepare-data`")

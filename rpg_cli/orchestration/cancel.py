@@ -16,8 +16,8 @@ from typing import TYPE_CHECKING
 
 from rpg_cli import rundir
 from rpg_cli.orchestration.head import DEFAULT_RUNS_DIR, ClusterError, connect, one_line
+from rpg_cli.orchestration.reconcile import save_log, sync_run
 from rpg_cli.orchestration.submit import ray_jobs, run_state
-from rpg_cli.orchestration.sweep import save_log, sync_run
 from rpg_cli.states import TERMINAL
 from rpg_cli.store import DEFAULT_DB_URL, StoreError, open_store
 

@@ -11,7 +11,7 @@ GPU is paid for; run it on every GPU node (and in a Slurm job's first step, on e
                   checked by a Ray job as `rpg sweep` checks them before it submits (`check_cluster`)
 
 Each check is a `Check`: `ok`, `missing` (a run cannot start without it) or `warn`. Without SPEC the node is
-checked for verl runs (the backend a GPU node is for).
+checked for the backend a GPU node is for (rpg_cli.backends.registry.NODE_BACKEND: verl).
 """
 
 from __future__ import annotations
@@ -21,15 +21,15 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from rpg_cli.backends import registry
 from rpg_cli.inputs import hub_cache
 from rpg_cli.orchestration.head import DEFAULT_RUNS_DIR, ClusterError, connect, one_line
-from rpg_cli.orchestration.plan import check_plans, launcher, plan_sweep
+from rpg_cli.orchestration.plan import check_plans, plan_sweep
 
 if TYPE_CHECKING:
     from rpg_cli.orchestration.plan import RunPlan
 
 DATA_DIR = Path("data")  # where `rpg prepare-data` writes (its --out)
-NODE_BACKEND = "verl"  # the backend a node is checked for without a sweep
 
 
 @dataclass(frozen=True)
@@ -69,10 +69,10 @@ def doctor(
     from rpg_cli.spec import load_sweep
 
     plans = plan_sweep(load_sweep(spec), runs_dir, backend=backend) if spec else []
-    backends = list(dict.fromkeys(p.backend for p in plans)) if spec else [NODE_BACKEND]
+    backends = list(dict.fromkeys(p.backend for p in plans)) if spec else [registry.NODE_BACKEND]
     found: list[Check] = []
     for name in backends:
-        check_node = getattr(launcher(name), "check_node", None)
+        check_node = getattr(registry.get(name), "check_node", None)
         if check_node is not None:
             found += [Check.of(r) for r in check_node(_runs(plans, name))]
     found += directories(plans, runs_dir)
@@ -177,7 +177,7 @@ def cluster(address: str, runs_dir: Path, runs: dict[str, list[tuple[list[str], 
         ]
     found = [Check("Ray cluster", True, True, f"{address} answers ({len(jobs)} jobs)")]
     for backend, backend_runs in runs.items():
-        check_cluster = getattr(launcher(backend), "check_cluster", None)
+        check_cluster = getattr(registry.get(backend), "check_cluster", None)
         if check_cluster is None:
             continue
         try:

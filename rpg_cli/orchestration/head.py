@@ -382,13 +382,19 @@ def _without_env(*names: str) -> Iterator[None]:
         os.environ.update(saved)
 
 
+def cluster_address(address: str | None = None) -> str | None:
+    """The Ray cluster a command talks to: `address`, else $RAY_ADDRESS; None: rpg's own local head. The one place
+    that decides (a sweep decides once, in its plan: orchestration/dryrun.py)."""
+    return address or os.environ.get("RAY_ADDRESS") or None
+
+
 def connect(
     address: str | None = None, runs_dir: Path = DEFAULT_RUNS_DIR, start: bool = True, local: bool = False
 ) -> JobSubmissionClient | None:
     """A Jobs API client: for `address` (or $RAY_ADDRESS) if given and not `local`, with the user's Ray
     token if there is one (`remote_token`), else for the local head of `runs_dir` (started if needed and
     `start`; None when there is none and not `start`)."""
-    address = None if local else address or os.environ.get("RAY_ADDRESS")
+    address = None if local else cluster_address(address)
     if not address:
         head = local_head(runs_dir, start=start)
         if head is None:

@@ -1,8 +1,10 @@
-"""A run as the orchestrator sees it: what to start, where, with which resources; and the dry run.
+"""A run as the orchestrator sees it: what to start, where, with which resources; and the parts of a sweep's plan
+(states, checks, footprints, counts) that orchestration/dryrun.py puts together.
 
 `RunPlan` is the hand-off between the spec side (spec/sweep.py expands a sweep into specs) and the
 execution side (sweep.py submits them, the store records them). Each backend supplies its part
-through one module, `rpg_cli.backends.<name>.launch`:
+through its `launch` module, found through the registry (`rpg_cli.backends.registry`: `BACKENDS`, and the
+interface `Backend`, which lists these and the backend's facts):
 
     entrypoint(spec, run_dir) -> argv     the job's command (an argument list, never a shell string)
     resources(spec) -> (cpus, gpus)       what the job's entrypoint reserves
@@ -28,7 +30,6 @@ Pure Python: no torch, ray or verl.
 
 from __future__ import annotations
 
-import importlib
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -58,8 +59,10 @@ class RunPlan:
 
 
 def launcher(backend: str) -> ModuleType:
-    """The backend's `launch` module: everything the orchestrator asks of a backend (see above)."""
-    return importlib.import_module(f"rpg_cli.backends.{backend}.launch")
+    """The backend's `launch` module, for a name the registry holds (rpg_cli.backends.registry: its interface)."""
+    from rpg_cli.backends import registry
+
+    return registry.get(backend)
 
 
 def failure_reason(backend: str, log_tail: str) -> str:
@@ -67,7 +70,7 @@ def failure_reason(backend: str, log_tail: str) -> str:
     it has one, else the log's last error line."""
     try:
         read = getattr(launcher(backend), "failure_reason", rundir.failure_line)
-    except ModuleNotFoundError:  # a run recorded by `rpg eval` for a bare model ("hf"): no backend
+    except LookupError:  # registry.UnknownBackend: a run recorded by `rpg eval` for a bare model ("hf")
         read = rundir.failure_line
     return read(log_tail)
 
@@ -112,7 +115,7 @@ def plan_sweep(sweep: SweepSpec, runs_root: Path, backend: str | None = None) ->
     return [plan_run(spec, root / sweep.name / spec.run_name, sweep.name) for spec in specs]
 
 
-# --------------------------------------------------------------------------------------------- dry run
+# ------------------------------------------------------------------------------------ states, counts
 
 
 def known_states(db_url: str, plans: list[RunPlan]) -> dict[str, str]:

@@ -1,5 +1,5 @@
-"""The watcher's policy, as `rpg sweep` applies it (orchestration/sweep.py calls these; rpg_cli/watch.py has the
-rules): when a live run must be stopped and failed (a non-finite loss, a step beyond a bound, a stall past
+"""The watcher's policy, as `rpg sweep` applies it (orchestration/sweep.py and reconcile.py call these;
+rpg_cli/watch.py has the rules): when a live run must be stopped and failed (a non-finite loss, a step beyond a bound, a stall past
 `--stall-timeout`), and whether a run whose job exited 0 has earned `succeeded`.
 
 A job that exits 0 is not proof of a run: verl trains on through a NaN loss and exits 0, a trainer that ends

@@ -35,8 +35,6 @@ CONTEXT_ORDER = {"2K": 0, "4K": 1, "8K": 2}
 NOT_A_VARIANT = {"seed", "model", "context", "model_max_length", "data", "backend", "resources"}
 OPTIMIZER_NAMES = {"adamw": "AdamW", "schedule_free": "Schedule-Free"}
 
-BENCHMARK_ORDER = {"aime24": 0, "aime25": 1, "amc23": 2, "minerva_math": 3, "olympiadbench": 4}
-
 
 def method_base(spec: dict[str, Any]) -> str:
     """The name of the algorithm a spec runs, the paper's where it has one (GRPO, DAPO, RPG-UFKL,

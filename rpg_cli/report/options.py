@@ -35,6 +35,7 @@ class PlotOptions:
     smooth_window: int = 1  # trailing moving average over this many logged steps
     strict: bool = True  # a panel nothing was logged for is an error (else left out)
     per_seed: bool = False  # each seed's run as a thin line too
+    x: str = "step"  # the x axis: step, or device-hours (each run's cumulative device-hours through the step)
 
 
 @dataclass(frozen=True)
@@ -51,6 +52,7 @@ class CompareOptions:
     pair_seeds: bool = False
     fixed_problems: bool = False
     effect: float | None = None  # a difference (fraction) whose seeds-per-method at 80% power to report
+    budget: float | None = None  # device-hours: each run's score by then (compare.py); None: at `step`
 
 
 Options = TypeVar("Options", TableOptions, PlotOptions, CompareOptions)

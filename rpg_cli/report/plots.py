@@ -1,7 +1,8 @@
 """Training dynamics from the store: one panel per metric (reward, entropy, response length, KL, the
 validation score per benchmark), one line per method (the mean over its seeds) with a shaded 95% band
 (rpg_cli.stats.curve_band), optionally each seed's run as a thin line. A grid of more cells than a legend
-can hold (MAX_CELLS) gets one line per method, its cells averaged, never a line per cell. matplotlib is
+can hold (MAX_CELLS) gets one line per method, its cells averaged, never a line per cell. The x axis is the
+training step, or (x device-hours) each run's cumulative device-hours through the step. matplotlib is
 imported only when a figure is drawn."""
 
 from __future__ import annotations
@@ -13,6 +14,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from rpg_cli import cost
+from rpg_cli.benchmarks import benchmark_sort_key
 from rpg_cli.metrics import (
     ENTROPY,
     KL_LOSS,
@@ -22,11 +25,13 @@ from rpg_cli.metrics import (
     RESPONSE_LENGTH,
     REWARD,
     RPG_KL,
+    STEP_TIME,
     VAL_KEY_RE,
     axis_label,
     bounds,
 )
-from rpg_cli.report.names import BENCHMARK_ORDER, method_sort_key, run_labels
+from rpg_cli.report.costs import STEP_KEYS, Clock, step_seconds_by_run
+from rpg_cli.report.names import method_sort_key, run_labels
 from rpg_cli.report.options import PlotOptions, given
 from rpg_cli.report.scores import ReportError, pick_val_keys, select_runs, val_keys
 from rpg_cli.rundir import write_atomic
@@ -49,6 +54,13 @@ PLOT_METRICS: dict[str, tuple[str, ...]] = {
 }
 
 
+# The x axis: the training step, or each run's cumulative device-hours through it (report.costs.Clock)
+STEP, DEVICE_HOURS = "step", "device-hours"
+X_AXES = (STEP, DEVICE_HOURS)
+HOURS_LABEL = "device-hours (devices x summed step time)"
+HOURS_MEANING = "x: cumulative device-hours through each step, the line's runs' mean"
+
+
 @dataclass
 class Panel:
     title: str
@@ -68,7 +80,7 @@ def plot_panels(store: Store, run_ids: Sequence[str], metrics: Sequence[str], st
             val = pick_val_keys(val_keys(store, run_ids), "mean", None)
             if not val:
                 missing.append(name)
-            for key, bench in sorted(val.items(), key=lambda kv: (BENCHMARK_ORDER.get(kv[1], 99), kv[1])):
+            for key, bench in sorted(val.items(), key=lambda kv: benchmark_sort_key(kv[1])):
                 stat = VAL_KEY_RE.match(key)
                 panels.append(Panel(f"val {bench}", key, f"{bench} mean@{stat['k']}"))
             continue
@@ -141,22 +153,31 @@ def plot_lines(runs: Sequence[Any]) -> list[Line]:
 
 def _line_curves(
     line: Line, data: dict, key: str, window: int, grouped: bool
-) -> tuple[list[tuple[Any, list[float]]], list[tuple[Any, list[float]]], int]:
-    """(the band's units, every run's smoothed curve, cells with data) of one line in one panel: the units
-    are the runs (seeds) of a cell, or with `grouped` each cell's mean curve (a method with one cell: no band)."""
-    runs, units, cells = [], [], 0
+) -> tuple[list[tuple[Any, list[float]]], list[tuple[Any, list[float]]], int, list[str]]:
+    """(the band's units, every run's smoothed curve, cells with data, those runs' ids) of one line in one panel:
+    the units are the runs (seeds) of a cell, or with `grouped` each cell's mean curve (a method with one cell: no
+    band)."""
+    runs, units, cells, run_ids = [], [], 0, []
     for ids in line.cells:
-        curves = [(data[(r, key)][0], smooth(data[(r, key)][1], window)) for r in ids if (r, key) in data]
+        have = [r for r in ids if (r, key) in data]
+        curves = [(data[(r, key)][0], smooth(data[(r, key)][1], window)) for r in have]
         if not curves:
             continue
         cells += 1
         runs += curves
+        run_ids += have
         if grouped and len(curves) == 1:  # a cell of one seed: its curve is its mean
             units.append(curves[0])
         elif grouped:
             mean = curve_band(curves)
             units.append((mean.steps, list(mean.mean)))
-    return (units if grouped else runs), runs, cells
+    return (units if grouped else runs), runs, cells, run_ids
+
+
+def hours_at(steps: Sequence[int], clocks: Sequence[Clock]) -> list[float]:
+    """The x of each step on a device-hours axis: the mean over the runs' clocks of their cumulative device-hours
+    through it (a run's own clock for its thin line; the band, computed per step over seeds, sits at its runs' mean)."""
+    return [sum(clock.at(int(step)) for clock in clocks) / len(clocks) for step in steps]
 
 
 def plot_training(store: Store, options: PlotOptions | None = None, **fields: Any) -> Figure:
@@ -172,10 +193,20 @@ def plot_training(store: Store, options: PlotOptions | None = None, **fields: An
     matplotlib.use("Agg")
     from matplotlib.figure import Figure
 
+    if options.x not in X_AXES:
+        raise ReportError(f"--x {options.x}: expected one of {', '.join(X_AXES)}")
     runs = select_runs(store, options.sweep)
     ids = [r.id for r in runs]
     panels = plot_panels(store, ids, options.metrics, options.strict)
-    data = store.series(ids, sorted({p.key for p in panels}))
+    by_hours = options.x == DEVICE_HOURS
+    keys = {p.key for p in panels} | (set(STEP_KEYS) if by_hours else set())
+    data = store.series(ids, sorted(keys))  # one query: the panels' keys and, for device-hours, the step times
+    timed: dict[str, Clock] = {}
+    if by_hours:
+        seconds = step_seconds_by_run({k: v for k, v in data.items() if k[1] in STEP_KEYS})
+        timed = {r.id: Clock.of(cost.devices(r.spec), seconds.get(r.id, {})) for r in runs}
+        if not any(clock.steps for clock in timed.values()):
+            raise ReportError(f"--x {DEVICE_HOURS}: no run logged {STEP_TIME}; plot against the step (--x step)")
     lines = plot_lines(runs)
     grouped = any(len(line.cells) > 1 for line in lines)  # more than MAX_CELLS cells: a line per method
     colors = matplotlib.colormaps["tab10" if len(lines) <= 10 else "tab20"]
@@ -186,7 +217,7 @@ def plot_training(store: Store, options: PlotOptions | None = None, **fields: An
     axes = fig.subplots(nrows, ncols, squeeze=False).ravel()
     for ax, panel in zip(axes, panels):
         for i, line in enumerate(lines):
-            units, curves, cells = _line_curves(line, data, panel.key, options.smooth_window, grouped)
+            units, curves, cells, run_ids = _line_curves(line, data, panel.key, options.smooth_window, grouped)
             if not curves:
                 continue
             color = colors(i % colors.N)
@@ -195,13 +226,20 @@ def plot_training(store: Store, options: PlotOptions | None = None, **fields: An
                 count = f" ({cells} cell{'s' if cells > 1 else ''}, {len(curves)} run{'s' if len(curves) > 1 else ''})"
             else:
                 count = f" ({len(curves)} seeds)" if len(curves) > 1 else ""
-            ax.plot(band.steps, band.mean, label=line.label + count, color=color, linewidth=1.6)
-            ax.fill_between(band.steps, band.low, band.high, color=color, alpha=0.2, linewidth=0)
+            x = hours_at(band.steps, [timed[r] for r in run_ids]) if by_hours else band.steps
+            ax.plot(x, band.mean, label=line.label + count, color=color, linewidth=1.6)
+            ax.fill_between(x, band.low, band.high, color=color, alpha=0.2, linewidth=0)
             if options.per_seed:
-                for steps, values in curves:
-                    ax.plot(steps, values, color=color, linewidth=0.5, alpha=0.6)
+                for run_id, (steps, values) in zip(run_ids, curves):
+                    ax.plot(
+                        hours_at(steps, [timed[run_id]]) if by_hours else steps,
+                        values,
+                        color=color,
+                        linewidth=0.5,
+                        alpha=0.6,
+                    )
         ax.set_title(panel.title)
-        ax.set_xlabel("training step")
+        ax.set_xlabel(HOURS_LABEL if by_hours else "training step")
         ax.set_ylabel(panel.ylabel)
         ax.grid(alpha=0.3)
     for ax in axes[len(panels) :]:
@@ -217,6 +255,7 @@ def plot_training(store: Store, options: PlotOptions | None = None, **fields: An
         f"{options.sweep or 'all runs'}: training dynamics"
         + (f" (moving average over {options.smooth_window} steps)" if options.smooth_window > 1 else "")
         + f"\n{CELLS_MEANING if grouped else BAND_MEANING}"
+        + (f"; {HOURS_MEANING}" if by_hours else "")
         + ("; thin lines: single seeds" if options.per_seed else ""),
         fontsize="medium",
     )

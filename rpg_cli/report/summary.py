@@ -7,16 +7,18 @@ import io
 import re
 import statistics
 from collections.abc import Sequence
+from dataclasses import dataclass
 from datetime import datetime, timezone
 from typing import TYPE_CHECKING, Any
 
-from rpg_cli.metrics import REWARD
+from rpg_cli import cost
+from rpg_cli.metrics import REWARD, THROUGHPUT
 from rpg_cli.report.scores import ReportError, pick_val_keys, val_keys
 from rpg_cli.states import LIVE
 from rpg_cli.watch import last_line, stalled
 
 if TYPE_CHECKING:
-    from rpg_cli.store import Store
+    from rpg_cli.store import RunRecord, Store
 
 # A row of `rpg runs` (its CSV and JSON), in order; the table shows all but `finished`, some retitled.
 SUMMARY_FIELDS = (
@@ -32,6 +34,10 @@ SUMMARY_FIELDS = (
     "queued_s",
     "run_s",
     "wall_s",
+    "s_per_step",
+    "tokens_s_per_device",
+    "device_hours",
+    "eta_s",
     "submitted",
     "started",
     "finished",
@@ -44,7 +50,19 @@ SUMMARY_FIELDS = (
 TABLE_FIELDS = tuple(
     f for f in SUMMARY_FIELDS if f not in ("wall_s", "submitted", "finished", "stalled_s", "last_line")
 )
-TABLE_TITLES = {"val": "val acc", "queued_s": "queued", "run_s": "run", "started": "started (UTC)"}
+TABLE_TITLES = {
+    "val": "val acc",
+    "queued_s": "queued",
+    "run_s": "run",
+    "s_per_step": "s/step",
+    "tokens_s_per_device": "tok/s/dev",
+    "device_hours": "dev-h",
+    "eta_s": "ETA",
+    "started": "started (UTC)",
+}
+# a run's pace is the median time of its last this many steps: the rest of a run goes at its recent pace (its
+# responses grow as it trains), and the read is bounded however long the run
+PACE_STEPS = 100
 # Above this many runs `rpg runs` prints one row per sweep (`--all`: every run): a terminal table of thousands of
 # rows is read by nobody and costs seconds to lay out; CSV and JSON always hold every run.
 SUMMARIZE_ABOVE = 200
@@ -76,16 +94,16 @@ def _field_adapter(clause: str, path: str) -> Any:
     """A validator of one value of the spec field `path`, under the spec's own config (strict, finite)."""
     from pydantic import BaseModel, ConfigDict, TypeAdapter
 
-    from rpg_cli.spec import ExperimentSpec, _field_info, _field_names
+    from rpg_cli.spec import ExperimentSpec, field_info, field_names
 
-    info = _field_info(path)
+    info = field_info(path)
     if info is None:
         parent = path.rpartition(".")[0]
-        if not _field_names(path):
+        if not field_names(path):
             raise ReportError(
                 f"--where {clause!r}: {parent} has no fields of its own; filter on it whole ({parent}=VALUE)"
             )
-        raise ReportError(f"--where {clause!r}: no spec field {path!r}; fields there: {', '.join(_field_names(path))}")
+        raise ReportError(f"--where {clause!r}: no spec field {path!r}; fields there: {', '.join(field_names(path))}")
     annotation = info.rebuild_annotation()
     if isinstance(annotation, type) and issubclass(annotation, BaseModel):
         return TypeAdapter(annotation)  # a model has its own config
@@ -159,9 +177,9 @@ def _problem(path: str, value: Any, errors: list[Any]) -> tuple[dict[str, Any], 
 
 
 def _field_info(path: str) -> Any:
-    from rpg_cli.spec import _field_info
+    from rpg_cli.spec import field_info  # the spec imports pydantic: only when a --where is parsed
 
-    return _field_info(path)
+    return field_info(path)
 
 
 def _is_mismatch(err: dict[str, Any]) -> bool:
@@ -208,8 +226,6 @@ def _takes(path: str) -> str:
     import typing
 
     from pydantic import BaseModel
-
-    from rpg_cli.spec import _field_info
 
     words: list[str] = []
 
@@ -271,8 +287,6 @@ def _models_in(annotation: Any, _model_in: Any) -> list[Any]:
 def _spec_value(spec: dict[str, Any], path: str) -> Any:
     """The value at `path` of a stored canonical spec; a field it leaves out (an empty block, omitted so
     that older run ids stand) has its default."""
-    from rpg_cli.spec import _field_info
-
     value: Any = spec
     for depth, part in enumerate(path.split(".")):
         if not isinstance(value, dict):
@@ -315,6 +329,44 @@ def spec_matches(spec: dict[str, Any], where: Sequence[tuple[str, bool, list[Any
     return True
 
 
+@dataclass(frozen=True)
+class RunCost:
+    """What a run costs and how far it has to go (`run_costs`); None where it is not known yet."""
+
+    s_per_step: float | None  # the median timing_s/step of its last PACE_STEPS steps
+    tokens_s_per_device: float | None  # its last perf/throughput (tokens per second per device)
+    device_hours: float | None  # so far: its devices x the time it held them (rpg_cli/cost.py); None: never held
+    eta_s: float | None  # a live run's seconds to its last step at that pace; None for a finished one
+
+
+def eta_seconds(steps: Any, last_step: int | None, s_per_step: float | None) -> float | None:
+    """Seconds until a run that logged `last_step` (None: none yet) reaches its spec's `steps` at `s_per_step`;
+    None when either is unknown."""
+    if s_per_step is None or not isinstance(steps, int) or isinstance(steps, bool):
+        return None
+    return max(steps - (last_step or 0), 0) * s_per_step
+
+
+def run_costs(
+    store: Store, runs: Sequence[RunRecord], now: datetime, steps: dict[str, int] | None = None
+) -> dict[str, RunCost]:
+    """Each run's `RunCost`: its pace, throughput, device-hours and (live runs) ETA; `steps`: its last steps when
+    the caller has read them (`Store.last_steps`)."""
+    ids = [r.id for r in runs]
+    if not ids:
+        return {}
+    steps = store.last_steps(ids) if steps is None else steps
+    times = store.step_times(ids, last=PACE_STEPS)
+    throughput = store.latest_values(ids, [THROUGHPUT])
+    out = {}
+    for r in runs:
+        pace = statistics.median(times[r.id]) if times.get(r.id) else None
+        eta = eta_seconds(r.spec.get("steps"), steps.get(r.id), pace) if r.status in LIVE else None
+        tokens = throughput.get(r.id, {}).get(THROUGHPUT, (None, None))[1]
+        out[r.id] = RunCost(pace, tokens, cost.run_device_hours(r, now), eta)
+    return out
+
+
 def runs_summary(
     store: Store,
     sweep: str | None = None,
@@ -326,9 +378,11 @@ def runs_summary(
     (last step logged), reward (last critic/score/mean), val (the mean over benchmarks of each one's
     last val-core mean@k), queued_s (in Ray's queue: from submitted to started), run_s (from started to
     finished or now), wall_s (both), submitted (Ray took the job), started (rpg first saw it running; the
-    watcher looks every few seconds), finished, error; and for a running run that has stalled (rpg_cli/watch.py:
-    no new metrics for the spec's watch.stall), stalled_s (since its metrics last advanced) and last_line (the
-    last line of its output). A time rpg did not see is None."""
+    watcher looks every few seconds), finished, error; s_per_step (the median timing_s/step of its last
+    PACE_STEPS steps), tokens_s_per_device (its last perf/throughput), device_hours (so far: `device_hours`),
+    eta_s (a live run's seconds to its last step at that pace); and for a running run that has stalled
+    (rpg_cli/watch.py: no new metrics for the spec's watch.stall), stalled_s (since its metrics last advanced) and
+    last_line (the last line of its output). A time rpg did not see is None."""
     filters = parse_where(where)
     runs = [
         r for r in store.runs(sweep=sweep, status=list(status) if status else None) if spec_matches(r.spec, filters)
@@ -341,6 +395,7 @@ def runs_summary(
     running = [r for r in runs if r.status == "running"]
     facts = store.stall_facts(r.id for r in running) if running else {}
     stalls = {r.id: stalled(r.spec, r.run_dir, steps.get(r.id), *facts[r.id], now) for r in running}
+    costs = run_costs(store, runs, now, steps)
     out = []
     for r in runs:
         values = latest.get(r.id, {})
@@ -364,6 +419,10 @@ def runs_summary(
                 "queued_s": None if queued is None else max(queued, 0.0),
                 "run_s": run,
                 "wall_s": wall,
+                "s_per_step": costs[r.id].s_per_step,
+                "tokens_s_per_device": costs[r.id].tokens_s_per_device,
+                "device_hours": costs[r.id].device_hours,
+                "eta_s": costs[r.id].eta_s,
                 "submitted": _when(r.started_at),
                 "started": _when(r.running_at),
                 "finished": _when(r.finished_at),
@@ -377,21 +436,32 @@ def runs_summary(
 
 def sweeps_summary(rows: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
     """One row per sweep of `runs_summary`'s rows, in their order: how many runs, how many in each state
-    (STATUSES), how many of the running ones stalled, the lowest and highest step reached, the latest
-    start: what `rpg runs` shows of a store with more runs than a terminal table can hold."""
+    (STATUSES), how many of the running ones stalled, the lowest and highest step reached, the device-hours of
+    its runs so far (None: none has held its devices), the latest start: what `rpg runs` shows of a store with
+    more runs than a terminal table can hold."""
     from rpg_cli.states import STATUSES
 
     out: dict[str, dict[str, Any]] = {}
     for r in rows:
         sweep = out.setdefault(
             r["sweep"],
-            {"sweep": r["sweep"], "runs": 0, **dict.fromkeys(STATUSES, 0), "stalled": 0, "steps": [], "started": None},
+            {
+                "sweep": r["sweep"],
+                "runs": 0,
+                **dict.fromkeys(STATUSES, 0),
+                "stalled": 0,
+                "steps": [],
+                "device_hours": None,
+                "started": None,
+            },
         )
         sweep["runs"] += 1
         sweep[r["status"]] = sweep.get(r["status"], 0) + 1
         sweep["stalled"] += r["stalled_s"] is not None
         if r["step"] is not None:
             sweep["steps"].append(r["step"])
+        if r.get("device_hours") is not None:
+            sweep["device_hours"] = (sweep["device_hours"] or 0.0) + r["device_hours"]
         if r["started"] is not None and (sweep["started"] is None or r["started"] > sweep["started"]):
             sweep["started"] = r["started"]
     for sweep in out.values():

@@ -29,9 +29,9 @@ from importlib import resources
 from typing import TYPE_CHECKING, Any
 
 from rpg_cli import stats
+from rpg_cli.benchmarks import benchmark_sort_key
 from rpg_cli.report.evidence import Evidence, Pick, cell_interval, wanted_steps
 from rpg_cli.report.names import (
-    BENCHMARK_ORDER,
     CONTEXT_ORDER,
     context_name,
     method_base,
@@ -168,7 +168,7 @@ def build_table(store: Store, options: TableOptions | None = None, **fields: Any
         sections += [scores(store, sorted(r), options.metric, eval_scorer, p) for p, r in first.other_protocols]
     logged = sorted(
         {b for result in sections for v in result.values.values() for b in v},
-        key=lambda b: (BENCHMARK_ORDER.get(b, 99), b),
+        key=benchmark_sort_key,
     )
     if options.select_on is not None and options.select_on not in logged:
         raise ReportError(

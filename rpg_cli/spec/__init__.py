@@ -1,7 +1,10 @@
 """Typed experiment specs: one run (`ExperimentSpec`) and a grid of runs (`SweepSpec`).
 
     errors      SpecError, and pydantic's errors as one line
-    models      ExperimentSpec and its parts, contexts, the canonical spec and run id
+    models      ExperimentSpec and its parts, its rules across fields, its canonical spec
+    contexts    a run's context: Nk or explicit token budgets, and its label
+    identity    the run id (the canonical spec's hash less NOT_IN_RUN_ID), its cell's, the run's name
+    fields      fields by dotted path: lookup, and a spec as dotted paths (flatten)
     algorithm_blocks  the algorithm's blocks: clip, KL loss, SAPO's gate, a custom loss, rollout correction
     algorithm_rules   the algorithm table as spec rules: defaults, what each algorithm takes, collapsing axes
     verl_block  the `verl` block: overrides, site settings, env
@@ -13,23 +16,12 @@ Only pydantic and PyYAML are imported here (omegaconf only for files with `${...
 `rpg sweep --dry-run` stays fast. A data file's problems and a run's validation cost: `rpg_cli.inputs`.
 """
 
+from rpg_cli.spec.contexts import CONTEXT_LENGTHS, context_label, context_lengths
 from rpg_cli.spec.errors import SpecError
+from rpg_cli.spec.fields import field_info, field_names, flatten
+from rpg_cli.spec.identity import NOT_IN_RUN_ID, cell_id, run_identity
 from rpg_cli.spec.loading import load_spec, load_sweep
-from rpg_cli.spec.models import (
-    CONTEXT_LENGTHS,
-    DEFAULT_KL_EMA,
-    NOT_IN_RUN_ID,
-    TRACKER_NAMES,
-    Every,
-    ExperimentSpec,
-    Trackers,
-    _field_info,  # noqa: F401 (rpg_cli.report.summary's dotted-path field lookups)
-    _field_names,  # noqa: F401
-    context_label,
-    context_lengths,
-    run_identity,
-    val_sampling,
-)
+from rpg_cli.spec.models import DEFAULT_KL_EMA, TRACKER_NAMES, Every, ExperimentSpec, Trackers, val_sampling
 from rpg_cli.spec.reference import ReferenceTracker
 from rpg_cli.spec.sweep import SweepSpec, expand_sweep
 from rpg_cli.spec.verl_block import override_key
@@ -45,9 +37,13 @@ __all__ = [
     "SpecError",
     "SweepSpec",
     "Trackers",
+    "cell_id",
     "context_label",
     "context_lengths",
     "expand_sweep",
+    "field_info",
+    "field_names",
+    "flatten",
     "load_spec",
     "load_sweep",
     "override_key",

@@ -1,18 +1,16 @@
 """The typed models of one run: `ExperimentSpec` and its parts (reference, data, validation, rollout, DAPO's
-tricks, contexts, resources, the watchdog, trackers; the algorithm's blocks are in `algorithm_blocks.py`, the
-`verl` block in `verl_block.py`), and the canonical spec and run id derived from it. What each algorithm takes
-is the algorithm table's (`rpg_cli.algorithms.table`), applied by `algorithm_rules.py`.
+tricks, resources, the watchdog, trackers), its rules across fields, and its canonical spec. Elsewhere in
+spec/: the algorithm's blocks (`algorithm_blocks.py`), the `verl` block (`verl_block.py`), contexts
+(`contexts.py`), the run id and name the canonical spec gives (`identity.py`), fields by dotted path
+(`fields.py`). What each algorithm takes is the algorithm table's (`rpg_cli.algorithms.table`), applied by
+`algorithm_rules.py`.
 """
 
 from __future__ import annotations
 
-import copy
-import hashlib
-import json
-from typing import TYPE_CHECKING, Annotated, Any, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import (
-    BaseModel,
     BeforeValidator,
     ConfigDict,
     Field,
@@ -24,8 +22,9 @@ from pydantic import (
 from rpg_cli import watch as watchdog
 from rpg_cli.algorithms import table
 from rpg_cli.algorithms.defaults import OVERLONG_BUFFER, OVERLONG_PENALTY_FACTOR
+from rpg_cli.backends import registry
 from rpg_cli.benchmarks import SCORERS
-from rpg_cli.spec import algorithm_rules
+from rpg_cli.spec import algorithm_rules, identity
 from rpg_cli.spec.algorithm_blocks import (
     Clip,
     KLLoss,
@@ -36,13 +35,12 @@ from rpg_cli.spec.algorithm_blocks import (
     Sapo,
     with_loss_source,
 )
-from rpg_cli.spec.errors import SpecError, _model_in, _num
+from rpg_cli.spec.contexts import CONTEXT_LENGTHS, ContextTokens, context_label, context_lengths
+from rpg_cli.spec.errors import SpecError
 from rpg_cli.spec.frozen import _Frozen
+from rpg_cli.spec.identity import without_empty
 from rpg_cli.spec.verl_block import Verl
 from rpg_cli.trackers import TRACKERS
-
-if TYPE_CHECKING:
-    from pydantic.fields import FieldInfo
 
 # built from the table when this module is imported: an entry added to table.ALGORITHMS before is a spec algorithm
 Algorithm = Literal[tuple(table.ALGORITHMS)]
@@ -51,12 +49,6 @@ Advantage = Literal[tuple(table.ADVANTAGES)]
 Context = Literal["2k", "4k", "8k"]
 Optimizer = Literal["adamw", "schedule_free"]
 LossAggMode = Literal["token-mean", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm"]
-
-# context "Nk" -> (max_prompt_length, max_response_length) = (N x 1024, N x 1024): the paper's "maximum
-# training and rollout length 4,096 tokens for a 2K context length and 8,192 for a 4K", the released
-# scripts' 2048 + 2048. The only place these numbers live.
-CONTEXT_LENGTHS: dict[str, tuple[int, int]] = {"2k": (2048, 2048), "4k": (4096, 4096), "8k": (8192, 8192)}
-MAX_CONTEXT_TOKENS = 1_048_576  # an explicit budget's bound: far above any model, below a typo
 
 
 # Bounds of sizes whose data is not known where the spec is read (inputs.py checks them against the data):
@@ -142,30 +134,6 @@ class Overlong(_Frozen):
 
     buffer: int = Field(OVERLONG_BUFFER, ge=1)  # tokens before the response budget where the penalty starts
     penalty_factor: float = Field(OVERLONG_PENALTY_FACTOR, ge=0)
-
-
-class ContextTokens(_Frozen):
-    """Explicit prompt and response token budgets, beside the paper's Nk: for tests, tiny models, ablations."""
-
-    prompt: int = Field(ge=1, le=MAX_CONTEXT_TOKENS)
-    response: int = Field(ge=1, le=MAX_CONTEXT_TOKENS)
-
-
-def context_lengths(context: str | dict[str, Any] | ContextTokens) -> tuple[int, int]:
-    """(prompt, response) tokens of a context: "Nk", {prompt, response} (as in spec.json) or ContextTokens."""
-    if isinstance(context, ContextTokens):
-        return context.prompt, context.response
-    if isinstance(context, dict):
-        return int(context["prompt"]), int(context["response"])
-    return CONTEXT_LENGTHS[context]
-
-
-def context_label(context: str | dict[str, Any] | ContextTokens) -> str:
-    """A context as run names and tables write it: "2k", or "64+32" for explicit budgets."""
-    if isinstance(context, str):
-        return context
-    prompt, response = context_lengths(context)
-    return f"{prompt}+{response}"
 
 
 class Checkpoints(_Frozen):
@@ -325,53 +293,6 @@ OverlongSetting = Annotated[Overlong | None, BeforeValidator(_switch)]
 Reference = Annotated[Every | Literal["iterative", "frozen"], BeforeValidator(_reference_form)]
 
 
-# Where metrics are reported and how a run executes, not what it computes: spec.json records these fields
-# (dotted: a field of a block), the run id ignores them.
-NOT_IN_RUN_ID = ("trackers", "verl.site", "verl.env", "checkpoints", "resources.gpu_memory_gib", "watch")
-# Added after run ids were published: left out of the canonical spec while empty, so older ids stand.
-OMITTED_WHEN_EMPTY = (
-    "chat_template_kwargs",
-    "scorers",
-    "verl",
-    "sapo",
-    "loss",
-    "loss_settings",
-    "loss_source",
-    "advantage",
-    "rollout_correction",
-)
-# a researcher's own mapping: empty only when it holds no key ({x: null} is a setting)
-_FREE_FORM = ("loss_settings",)
-
-
-def without_empty(spec: dict[str, Any]) -> dict[str, Any]:
-    """`spec` less the OMITTED_WHEN_EMPTY fields that hold nothing (a block: nothing in any of its fields)."""
-
-    def empty(value: Any) -> bool:
-        # None or an empty container: a false or zero value is a setting ({enable_thinking: false})
-        if isinstance(value, dict):
-            return all(empty(v) for v in value.values())
-        return value is None or value == "" or value == []
-
-    def omitted(key: str, value: Any) -> bool:
-        return key in OMITTED_WHEN_EMPTY and (value in (None, {}) if key in _FREE_FORM else empty(value))
-
-    return {k: v for k, v in spec.items() if not omitted(k, v)}
-
-
-def run_identity(spec: dict[str, Any]) -> dict[str, Any]:
-    """A canonical spec less NOT_IN_RUN_ID: what a run's id hashes (and, less the seed, its cell's)."""
-    identity = copy.deepcopy(dict(spec))
-    for path in NOT_IN_RUN_ID:
-        *parents, last = path.split(".")
-        node: Any = identity
-        for part in parents:
-            node = node.get(part) if isinstance(node, dict) else None
-        if isinstance(node, dict):
-            node.pop(last, None)
-    return without_empty(identity)
-
-
 class ExperimentSpec(_Frozen):
     """One run, fully typed. Its canonical JSON (defaults included) defines its id."""
 
@@ -421,7 +342,7 @@ class ExperimentSpec(_Frozen):
     overlong: OverlongSetting = None  # on by default for dapo
     save_every: int = Field(ge=1)
     checkpoints: Checkpoints = Field(default_factory=Checkpoints)  # what they keep on disk (not in the run id)
-    backend: Literal["verl", "local"]
+    backend: Annotated[str, BeforeValidator(registry.registered)]  # read from the registry at validation time
     resources: Resources
     trackers: TrackersSetting = None
     verl: Verl = Field(default_factory=Verl)  # backend verl only: extra overrides and env (see Verl)
@@ -488,6 +409,12 @@ class ExperimentSpec(_Frozen):
         estimator."""
         return self.advantage if self.entry.takes("advantage") and self.advantage else self.entry.advantage
 
+    @property
+    def kl_in_reward(self) -> bool:
+        """Whether beta weighs a k1 penalty folded into each response's reward (the table's `beta_in`, a nonzero
+        beta): verl's algorithm.use_kl_in_reward, the local trainer's reward penalty. The one place it is decided."""
+        return self.entry.beta_in == "reward" and self.beta > 0
+
     def canonical(self) -> dict[str, Any]:
         """The JSON-ready spec, defaults included: what spec.json holds (the run id hashes canonical_json)."""
         spec = self.model_dump(mode="json")
@@ -496,48 +423,17 @@ class ExperimentSpec(_Frozen):
         return without_empty(spec)
 
     def canonical_json(self) -> str:
-        """What the run id hashes: the canonical spec less NOT_IN_RUN_ID."""
-        identity = run_identity(self.canonical())
-        # sorted keys, no whitespace; json renders floats with repr, so 1e-4 and 0.0001 agree
-        return json.dumps(identity, sort_keys=True, separators=(",", ":"), ensure_ascii=True)
+        """What the run id hashes: the canonical spec less NOT_IN_RUN_ID (spec/identity.py)."""
+        return identity.canonical_json(self.canonical())
 
     @property
     def run_id(self) -> str:
-        return hashlib.sha256(self.canonical_json().encode("utf-8")).hexdigest()[:8]
+        return identity.run_id(self.canonical())
 
     @property
     def run_name(self) -> str:
         """Readable and unique: rpg_reinforce-urkl-clip0.2_0.28-adamw-4k-s0-1a2b3c4d."""
-        return f"{_label(self.canonical())}-{self.run_id}"
-
-
-def _label(spec: dict[str, Any]) -> str:
-    """The readable part of a run name, from a (possibly not yet valid) spec dict."""
-    alg = spec.get("algorithm", "?")
-    entry = algorithm_rules.entry(alg)
-    parts = [f"{alg}_corrected" if alg == "grpo" and spec.get("kl_correction") is True else str(alg)]
-    if entry is not None and entry.takes("loss") and isinstance(spec.get("loss"), str):
-        parts.append(spec["loss"].rpartition(":")[2])  # custom-<function name>-...
-    if spec.get("kl") not in (None, "none"):
-        parts.append(str(spec["kl"]))
-    clip = spec.get("clip")
-    if isinstance(clip, dict):
-        parts.append(f"clip{_num(clip.get('eps_low'))}_{_num(clip.get('eps_high'))}")
-    elif clip is None and "clip" in spec and entry is not None and entry.clip == "optional":
-        parts.append("noclip")
-    parts += [str(spec["optimizer"])] if "optimizer" in spec else []
-    parts += [_context_part(spec["context"])] if "context" in spec else []
-    if "seed" in spec:
-        parts.append(f"s{spec['seed']}")
-    return "-".join(parts)
-
-
-def _context_part(context: Any) -> str:
-    """A run name's context part: "2k", or "64+32" (a value that is not yet valid as it was written)."""
-    try:
-        return context_label(context)
-    except (KeyError, TypeError, ValueError):
-        return str(context)
+        return identity.run_name(self.canonical())
 
 
 def val_sampling(spec: dict[str, Any] | None) -> dict[str, Any]:
@@ -552,30 +448,3 @@ def val_sampling(spec: dict[str, Any] | None) -> dict[str, Any]:
         "top_p": float(val["top_p"]),
         "max_tokens": lengths[1],
     }
-
-
-# ---------------------------------------------------------------------------------------------
-# Fields by dotted path (`clip.c`)
-
-
-def _model_at(dotted: str) -> type[BaseModel] | None:
-    """The model whose fields a value of `dotted` holds (for listing allowed sub-fields)."""
-    info = _field_info(dotted)
-    return _model_in(info.annotation) if info is not None else None
-
-
-def _field_info(dotted: str) -> FieldInfo | None:
-    model: type[BaseModel] | None = ExperimentSpec
-    info = None
-    for part in dotted.split("."):
-        if model is None or part not in model.model_fields:
-            return None
-        info = model.model_fields[part]
-        model = _model_in(info.annotation)
-    return info
-
-
-def _field_names(dotted: str) -> list[str]:
-    parent = dotted.rpartition(".")[0]
-    model = _model_at(parent) if parent else ExperimentSpec
-    return list(model.model_fields) if model is not None else []

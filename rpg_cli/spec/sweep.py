@@ -16,18 +16,13 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, TypeAdapter, ValidationError, field_validator
 
+from rpg_cli.backends.registry import backend_names
 from rpg_cli.rundir import reserved_name
 from rpg_cli.spec import algorithm_rules
 from rpg_cli.spec.errors import SpecError, _from_pydantic, _validate
-from rpg_cli.spec.models import (
-    ExperimentSpec,
-    _clip_off,
-    _field_info,
-    _field_names,
-    _Frozen,
-    _label,
-    _model_at,
-)
+from rpg_cli.spec.fields import field_info, field_names, model_at
+from rpg_cli.spec.identity import label
+from rpg_cli.spec.models import ExperimentSpec, _clip_off, _Frozen
 
 MAX_SWEEP_NAME = 100
 
@@ -87,7 +82,7 @@ def expand_sweep(sweep: SweepSpec, backend: str | None = None) -> list[Experimen
     specs: dict[str, ExperimentSpec] = {}
     for index, (cell, explicit) in enumerate(cells, start=1):
         data, skipped = _merge(sweep.base, cell)
-        where = f"cell {index} ({_label(data)})"
+        where = f"cell {index} ({label(data)})"
         for key in skipped:
             if key in explicit:
                 raise SpecError(
@@ -197,10 +192,10 @@ def _overlay(old: Any, new: Any) -> Any:
 def _collapse(data: dict[str, Any], keep: Any = lambda path: False) -> dict[str, Any]:
     """Fields that do not apply to a cell's algorithm take their neutral value (the algorithm table's rules,
     `algorithm_rules.collapse`), so e.g. a kl axis crossed with `grpo` yields one grpo run, not four
-    (identical cells are merged by run id); verl settings on the local backend likewise. Fields `keep(path)`
-    names (written explicitly) stay as they are, for validation to reject."""
+    (identical cells are merged by run id); the `verl` block on any other registered backend likewise. Fields
+    `keep(path)` names (written explicitly) stay as they are, for validation to reject."""
     data = algorithm_rules.collapse(data, keep)
-    if data.get("backend") == "local" and "verl" in data and not keep("verl"):
+    if data.get("backend") in backend_names() and data["backend"] != "verl" and "verl" in data and not keep("verl"):
         data["verl"] = {}
     return data
 
@@ -242,9 +237,9 @@ _ADAPTERS: dict[str, TypeAdapter] = {}
 def _check_field(key: str, value: Any, where: str) -> None:
     """Validate one (possibly dotted) field alone; missing sub-fields are fine (the cell fills them)."""
     if key not in _ADAPTERS:
-        info = _field_info(key)
+        info = field_info(key)
         if info is None:
-            raise SpecError(f"unknown field; allowed: {', '.join(_field_names(key))}", where)
+            raise SpecError(f"unknown field; allowed: {', '.join(field_names(key))}", where)
         annotation = info.rebuild_annotation()
         is_model = isinstance(annotation, type) and issubclass(annotation, BaseModel)  # has its own config
         config = None if is_model else ConfigDict(strict=True, allow_inf_nan=False)
@@ -254,6 +249,6 @@ def _check_field(key: str, value: Any, where: str) -> None:
     except ValidationError as e:
         problems = [err for err in e.errors() if err["type"] != "missing"]
         if problems:
-            raise _from_pydantic(problems[0], _model_at(key)).within(prefix=where) from None
+            raise _from_pydantic(problems[0], model_at(key)).within(prefix=where) from None
     except SpecError as e:
         raise e.within(prefix=where) from None

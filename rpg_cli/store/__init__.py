@@ -2,11 +2,15 @@
 
     url         the one parser of --db values (a SQLAlchemy URL or a SQLite file path)
     schema      the tables;  migrations: schema versions, upgraded in place on open
-    db          Store (runs, states, ingestion, evals, samples)
+    db          Store (runs, states, evals, samples); ingestion.py's and queries.py's methods mixed in
+    ingestion   Store.ingest_metrics: a run's metrics.jsonl into the store, each byte once
     opening     open_store: a --db URL to a Store (files, driver, SQLite's settings, the upgrade)
     queries     the read-only queries of the report and `rpg eval` (mixed into Store)
     bulk        many rows into one table in each dialect's fastest words (PostgreSQL: COPY, one INSERT)
-    ingest      metrics.jsonl -> metric rows and verl's validation scores (pure Python)
+    ingest      metrics.jsonl: its rules, parsing and rows, verl's validation scores (pure Python)
+    jsonl       reading a job's JSONL file as untrusted input, incrementally (cursor, fingerprint)
+    limits      the columns' limits and the checks of untrusted values
+    scored      rpg eval's scored-samples file: written, checked, turned into rows
     light       the run states the dry run reads, with the standard library only
 
     store = open_store("sqlite:///runs/results.db")

@@ -203,8 +203,31 @@ def _drop_run_foreign_keys(conn: sa.Connection) -> None:
                 conn.exec_driver_sql(f"ALTER TABLE {table} {drop} {quote(fk['name'])}")
 
 
+def _to_v7(conn: sa.Connection) -> None:
+    """Version 7: a run's device time (rpg_cli/cost.py). runs.held_s, the seconds it held its devices in the
+    attempts that ended (0 for the runs recorded before: their device time was never measured), and runs.held_at,
+    when its current attempt began holding them (NULL: not yet, or unknown). A column already there is kept (a
+    database laid out from this schema and marked older)."""
+    columns = schema().runs.c
+    have = {c["name"] for c in sa.inspect(conn).get_columns("runs")}
+    if "held_s" not in have:
+        kind = columns.held_s.type.compile(dialect=conn.dialect)
+        conn.exec_driver_sql(f"ALTER TABLE runs ADD COLUMN held_s {kind} DEFAULT 0 NOT NULL")
+    if "held_at" not in have:
+        conn.exec_driver_sql(
+            f"ALTER TABLE runs ADD COLUMN held_at {columns.held_at.type.compile(dialect=conn.dialect)}"
+        )
+
+
 # version -> the upgrade from version - 1
-MIGRATIONS: dict[int, Callable[[sa.Connection], None]] = {2: _to_v2, 3: _to_v3, 4: _to_v4, 5: _to_v5, 6: _to_v6}
+MIGRATIONS: dict[int, Callable[[sa.Connection], None]] = {
+    2: _to_v2,
+    3: _to_v3,
+    4: _to_v4,
+    5: _to_v5,
+    6: _to_v6,
+    7: _to_v7,
+}
 LATEST = max(MIGRATIONS, default=1)
 
 

@@ -3,7 +3,8 @@
 sweeps        name, created_at
 runs          id, sweep (the sweep that created it: its directory is under that sweep's), name, spec
               (JSON), backend, run_dir, status, submission_id, attempts, created/started/finished_at
-              (naive UTC), error (its tail)
+              (naive UTC), error (its tail), running_at; held_s and held_at (v7): the seconds the run held
+              its devices in attempts that ended, and when its current attempt began holding them (rpg_cli/cost.py)
 sweep_runs    (sweep, run): every sweep that lists a run; a run is its spec, shared by the sweeps
 metrics       (run, key, step) -> value: the training metrics of metrics.jsonl, the latest attempt's
 metric_files  how far each run's metrics.jsonl has been read, and which file that was (identity); the
@@ -98,6 +99,10 @@ def schema() -> Schema:
         sa.Column("finished_at", sa.DateTime),
         sa.Column("error", sa.Text),  # the last ERROR_TAIL_CHARS of the failure message / log
         sa.Column("running_at", sa.DateTime),  # when rpg first saw its job running: out of Ray's queue (v3)
+        # v7: device time (rpg_cli/cost.py): seconds held in the attempts that ended, and when the current attempt
+        # began holding its devices (its job's mark, rundir.mark_held: after verl's wait for GPUs; NULL: not yet)
+        sa.Column("held_s", sa.Float, nullable=False, default=0.0, server_default=sa.text("0")),
+        sa.Column("held_at", sa.DateTime),
         sa.CheckConstraint(status_check(), name=STATUS_CHECK),
     )
     sweep_runs = sa.Table(

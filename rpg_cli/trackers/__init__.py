@@ -3,8 +3,11 @@
 The spec's `trackers` block (rpg_cli.spec.Trackers) says where metrics are reported, never what a run
 computes, so it is not part of the run id. Three ways in, one identity:
 
-    verl backend     verl's own `trainer.logger` entries, set up by the env vars its tracking.py reads (runs.verl_env)
-    local backend    the trainer's `writers.open_run(...).log(step, metrics)` next to each metrics.jsonl line
+    its trainer      a backend that does not write them itself (WRITES_TRACKERS False, rpg_cli.backends.registry):
+                     its trainer's loggers, set up by the env vars its library reads (`Tracker.library_env`; verl's
+                     tracking.py through backends/verl/launch.py)
+    rpg's writers    a backend whose job writes them (the local one): `writers.open_run(...).log(step, metrics)`
+                     next to each metrics.jsonl line
     rpg export       what the store holds, for runs that were not tracked live (rpg_cli.trackers.export)
 
 One run, one tracked run: W&B run id `rpg-<run id>`, resumed, never duplicated; the MLflow run with tag
@@ -15,9 +18,9 @@ and the tags are the values of the fields the sweep varies (`algorithm=rpg`, `cl
 
 One module per tracker (wandb.py, tensorboard.py, mlflow.py), each a `base.Tracker` with its settings
 model (the spec's `trackers.<name>`): its library and credential variables (the preflight), its defaults
-(`resolve`), verl's env vars, its live writer and its export. `TRACKERS`, here, registers them; the
-spec's `Trackers` block has one field per entry. The rest is generic: `runs` (which trackers a run has,
-plan-time checks, identity and grouping, resolved settings, verl's logger entries and env), `writers`
+(`resolve`), its library's env vars (`library_env`), its live writer and its export. `TRACKERS`, here, registers
+them; the spec's `Trackers` block has one field per entry. The rest is generic: `runs` (which trackers a run has,
+plan-time checks, identity and grouping, resolved settings), `writers`
 (the local backend's live reporting), `export` (`rpg export`). A new tracker: its module and its line
 in `TRACKERS` (and its library's extra in pyproject.toml).
 

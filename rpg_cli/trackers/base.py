@@ -76,7 +76,7 @@ class Tracker:
     """One tracker: a module of rpg_cli/trackers/ defines a subclass and its settings model, and registers
     an instance (rpg_cli.trackers.TRACKERS). The tracker's library is imported only when a writer opens."""
 
-    name: ClassVar[str]  # the spec's `trackers.<name>`, `rpg export --to <name>`, verl's trainer.logger entry
+    name: ClassVar[str]  # the spec's `trackers.<name>`, `rpg export --to <name>`, a trainer's logger entry
     settings: ClassVar[type[TrackerSettings]]  # the model of the spec's `trackers.<name>`
     library: ClassVar[str]  # the module it needs; the extra `rpg-cli[<name>]` installs it
     credential_vars: ClassVar[tuple[str, ...]] = ()  # the env vars its library reads credentials from
@@ -90,8 +90,9 @@ class Tracker:
         from `environ` that cannot be used raises SettingError."""
         return settings
 
-    def verl_env(self, info: RunInfo) -> dict[str, str]:
-        """The env vars verl 0.9.1's tracking.py and the library read for this run (no credentials)."""
+    def library_env(self, info: RunInfo) -> dict[str, str]:
+        """The env vars through which the tracker's library, driven by a trainer rpg does not run itself (a backend
+        whose `WRITES_TRACKERS` is False: verl 0.9.1's tracking.py), gets this run's settings (no credentials)."""
         return {}
 
     def open_writer(

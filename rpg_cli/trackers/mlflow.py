@@ -217,6 +217,8 @@ class MlflowWriter:
 
 
 def _flat_params(value: Any, prefix: str = "") -> dict[str, str]:
+    # spec.fields.flatten's walk, with MLflow's keys and text values: a tracker module imports no spec (the spec
+    # builds its trackers block from this registry: ARCHITECTURE.md's one arrow up)
     if isinstance(value, dict) and value:
         out: dict[str, str] = {}
         for key, item in value.items():
@@ -244,8 +246,8 @@ class Mlflow(Tracker):
         uri = absolute_uri(uri or f"sqlite:///{Path(runs_root).absolute() / MLFLOW_DB}")
         return settings.model_copy(update={"tracking_uri": uri})
 
-    def verl_env(self, info: RunInfo) -> dict[str, str]:
-        # verl passes MLflow only the experiment and run name: URI and tags travel as env vars
+    def library_env(self, info: RunInfo) -> dict[str, str]:
+        # a trainer (verl) passes MLflow only the experiment and run name: URI and tags travel as env vars
         assert info.trackers.mlflow is not None
         uri = str(info.trackers.mlflow.tracking_uri)
         env = {"MLFLOW_TRACKING_URI": uri, "MLFLOW_RUN_CONTEXT": json.dumps(run_tags(info), sort_keys=True)}

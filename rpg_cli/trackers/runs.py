@@ -1,12 +1,12 @@
 """What the trackers do with runs, whatever the tracker (each one's own part: its module, registered in
 rpg_cli.trackers.TRACKERS): which trackers a run has and whether their libraries are here (the
 preflight), the credentials a local Ray head lacks, the group and tags (identity and grouping), the
-settings with every default resolved, and verl's `trainer.logger` entries and env vars. Pure Python.
+settings with every default resolved. Pure Python; a trainer's own logger entries and env vars are its backend's
+(backends/verl/launch.py `tracker_env`, through each tracker's `library_env`).
 """
 
 from __future__ import annotations
 
-import hashlib
 import importlib.util
 import json
 import os
@@ -14,7 +14,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from rpg_cli.spec import NOT_IN_RUN_ID, ExperimentSpec, SpecError, Trackers, run_identity
+from rpg_cli.spec import NOT_IN_RUN_ID, ExperimentSpec, SpecError, Trackers, cell_id, flatten, run_identity
 from rpg_cli.trackers import TRACKERS
 from rpg_cli.trackers.base import RunInfo, SettingError, TrackerError
 
@@ -86,13 +86,6 @@ def credentials_missing_on_head(
 # Identity and grouping
 
 
-def cell_id(spec: Mapping[str, Any]) -> str:
-    """Short hash of the canonical spec less its seed: the runs of one cell across seeds share it."""
-    identity = {k: v for k, v in run_identity(dict(spec)).items() if k != "seed"}
-    text = json.dumps(identity, sort_keys=True, separators=(",", ":"), ensure_ascii=True)
-    return hashlib.sha256(text.encode("utf-8")).hexdigest()[:8]
-
-
 def default_group(spec: Mapping[str, Any], name: str, run_id: str) -> str:
     """`<run name less seed and id>-<cell id>`, e.g. rpg-urkl-clip0.2_0.28-adamw-4k-1f2e3d4c."""
     label = name.removesuffix(f"-{run_id}").removesuffix(f"-s{spec.get('seed')}")
@@ -101,19 +94,10 @@ def default_group(spec: Mapping[str, Any], name: str, run_id: str) -> str:
 
 def axis_tags(specs: list[Mapping[str, Any]]) -> list[list[str]]:
     """Per spec, `field=value` for every field whose value differs across `specs` (seed and trackers aside)."""
-    flat = [_flatten({k: v for k, v in run_identity(dict(s)).items() if k != "seed"}) for s in specs]
+    flat = [flatten({k: v for k, v in run_identity(dict(s)).items() if k != "seed"}) for s in specs]
     paths = sorted({p for f in flat for p in f})
     varying = [p for p in paths if len({json.dumps(f.get(p, "<absent>"), sort_keys=True) for f in flat}) > 1]
     return [[_tag(p, f[p]) for p in varying if p in f] for f in flat]
-
-
-def _flatten(value: Any, prefix: str = "") -> dict[str, Any]:
-    if isinstance(value, dict) and value:
-        out: dict[str, Any] = {}
-        for key, item in value.items():
-            out.update(_flatten(item, f"{prefix}.{key}" if prefix else key))
-        return out
-    return {prefix: value}
 
 
 def _tag(path: str, value: Any) -> str:
@@ -174,15 +158,18 @@ def run_info(
 
 
 # ---------------------------------------------------------------------------------------------
-# Plan time (rpg sweep) and the verl backend
+# Plan time (rpg sweep)
 
 
 def plan_trackers(specs: list[ExperimentSpec], sweep: str, runs_root: Path) -> list[ExperimentSpec]:
     """The sweep's specs with their trackers resolved for the record (group, tags = the axes, defaults).
 
-    Checks at plan time what can be checked here: the libraries of a local-backend run (it runs on this
-    machine's environment). A verl run reports from the cluster, whose packages cannot be seen from here.
+    Checks at plan time what can be checked here: the libraries of a run whose backend writes its trackers with
+    rpg's writers (`registry.writes_trackers`: it runs on this machine's environment). A run whose trainer reports
+    does so from the cluster, whose packages cannot be seen from here.
     """
+    from rpg_cli.backends import registry  # an arrow up by design, as the spec's (ARCHITECTURE.md)
+
     if not any(s.trackers is not None for s in specs):
         return specs
     axes = axis_tags([s.canonical() for s in specs])
@@ -191,27 +178,8 @@ def plan_trackers(specs: list[ExperimentSpec], sweep: str, runs_root: Path) -> l
         if spec.trackers is None:
             out.append(spec)
             continue
-        if spec.backend == "local" and (found := missing(spec.trackers)) is not None:
+        if registry.writes_trackers(spec.backend) and (found := missing(spec.trackers)) is not None:
             raise SpecError(found[1], f"trackers.{found[0]}")
         resolved = resolve(spec.trackers, spec.canonical(), spec.run_name, spec.run_id, sweep, runs_root, tags)
         out.append(spec.model_copy(update={"trackers": resolved}))
     return out
-
-
-def verl_loggers(spec: ExperimentSpec) -> list[str]:
-    """verl 0.9.1 `trainer.logger` entries for the spec's trackers (its names are ours)."""
-    return enabled(spec.trackers)
-
-
-def verl_env(spec: ExperimentSpec, run_dir: Path) -> dict[str, str]:
-    """The env vars verl 0.9.1's verl/utils/tracking.py (and the libraries it calls) read for the spec's
-    trackers (`Tracker.verl_env`): verl passes the libraries only a few settings, the group, tags, run id
-    and URIs travel as their own env vars. No credentials."""
-    if spec.trackers is None or not enabled(spec.trackers):
-        return {}
-    run_dir = Path(run_dir).absolute()
-    info = run_info(spec.canonical(), spec.run_id, spec.run_name, run_dir.parent.name, run_dir, spec.trackers)
-    env: dict[str, str] = {}
-    for name in enabled(info.trackers):
-        env.update(TRACKERS[name].verl_env(info))
-    return env

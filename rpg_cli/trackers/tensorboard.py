@@ -68,7 +68,7 @@ class TensorBoard(Tracker):
         root = Path(settings.dir or Path(runs_root) / TENSORBOARD_DIR).expanduser().absolute()
         return settings.model_copy(update={"dir": str(root)})
 
-    def verl_env(self, info: RunInfo) -> dict[str, str]:
+    def library_env(self, info: RunInfo) -> dict[str, str]:
         return {"TENSORBOARD_DIR": str(log_dir(info))}
 
     def open_writer(

@@ -110,8 +110,8 @@ class Wandb(Tracker):
             }
         )
 
-    def verl_env(self, info: RunInfo) -> dict[str, str]:
-        # verl passes W&B only project, name, entity and config: the rest travels as wandb's own env vars
+    def library_env(self, info: RunInfo) -> dict[str, str]:
+        # a trainer (verl) passes W&B only project, name, entity and config: the rest travels as wandb's own env vars
         t = info.trackers
         assert t.wandb is not None
         env = {

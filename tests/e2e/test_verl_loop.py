@@ -121,6 +121,10 @@ def test_every_training_line_carries_the_metrics_both_backends_promise(workdir, 
     assert [line["step"] for line in training] == [1, 2]
     for line in training:
         assert set(line["data"]) >= EMITTED_BY_BOTH, sorted(EMITTED_BY_BOTH - set(line["data"]))
+        # what a run costs (rpg_cli.metrics, issue 32) under verl's own names, weight sync (verl only) included
+        cost = {"timing_s/gen", "timing_s/old_log_prob", "timing_s/update_actor", "timing_s/update_weights"}
+        cost.add("perf/throughput")
+        assert set(line["data"]) >= cost, sorted(cost - set(line["data"]))
 
 
 def test_the_killed_job_is_a_failed_run_with_its_metrics_through_the_checkpoint(workdir, first_sweep):

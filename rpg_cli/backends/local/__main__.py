@@ -2,7 +2,8 @@
 
 The run directory is the spec's directory. Rerunning the same command resumes from the newest
 checkpoint there. SIGTERM or SIGUSR1 (a preemption, Slurm's warning before a time limit) stops it after
-the step in progress, with a checkpoint of that step (`stop_on_signals`). Exit status: 0 done or stopped
+the step in progress, with a checkpoint of that step (`stop_on_signals`). It marks when it began holding its
+device (`mark_held`: the run's device time). Exit status: 0 done or stopped
 so, 2 the spec or machine cannot be honoured (one line on stderr).
 """
 
@@ -46,13 +47,24 @@ def stop_on_signals(run_dir: Path) -> None:
 
     with contextlib.suppress(OSError):  # no run directory there: the spec check names the problem
         rundir.clear_stop_request(run_dir)
+        rundir.clear_held(run_dir)  # and no mark of when the one before began holding its device
     for signum in STOP_SIGNALS:
         signal.signal(signum, request)
 
 
+def mark_held(run_dir: Path) -> None:
+    """The attempt holds its device from the trainer's start (no wait comes first on this backend): the mark the
+    watcher records its device time from (rundir.mark_held). A mark that cannot be written costs the run its
+    measured device time, not its training."""
+    with contextlib.suppress(OSError):
+        rundir.mark_held(run_dir)
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    stop_on_signals(Path(args.spec).absolute().parent)
+    run_dir = Path(args.spec).absolute().parent
+    stop_on_signals(run_dir)
+    mark_held(run_dir)
     from rpg_cli.backends.local.trainer import main as train
 
     return train(args.spec, stop_after=args.stop_after)

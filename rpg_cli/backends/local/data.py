@@ -6,7 +6,7 @@ import torch
 
 from rpg_cli.backends.local.preflight import BackendError
 from rpg_cli.backends.local.rollout import Problem, encode_prompt
-from rpg_cli.benchmarks import NoScorerError, scorer_for
+from rpg_cli.benchmarks import NoScorerError, problem_key, scorer_for
 
 
 def load_problems(
@@ -23,12 +23,14 @@ def load_problems(
     its prompt tokenized with the spec's chat_template_kwargs, as verl and `rpg eval` do.
 
     Prompts longer than max_prompt_length tokens are dropped, as verl's `filter_overlong_prompts` does.
-    `distinct`: a problem repeated in the files (same prompt, ground truth and data source; older evaluation
-    files hold 32 copies) is kept once, so validation samples val.n per problem as `rpg eval` does.
+    `distinct`: a problem repeated in the files (same prompt and ground truth: `benchmarks.problem_key`, as the
+    dry run counts problems and `rpg eval` samples them; older evaluation files hold 32 copies) is kept once, its
+    first row, so validation samples val.n per problem as `rpg eval` does.
     """
     import pyarrow.parquet as pq
 
     problems: list[Problem] = []
+    seen: set[str] = set()  # the problem keys kept, when distinct
     for name in files:
         try:
             table = pq.read_table(name, columns=["prompt", "reward_model", "data_source"])
@@ -48,11 +50,13 @@ def load_problems(
                 scorer = scorer_for(str(record["data_source"]), scorers)
             except NoScorerError as e:
                 raise BackendError(f"{name}: {e}") from None
+            key = problem_key(messages, reward["ground_truth"])
+            if distinct and key in seen:
+                continue  # a copy of a problem kept: its first row stands for it
             ids = encode_prompt(tokenizer, list(messages), chat_template_kwargs)
             if len(ids) <= max_prompt_length:
                 problems.append(Problem(ids, str(reward["ground_truth"]), str(record["data_source"]), scorer))
-    if distinct:
-        problems = list({(tuple(p.prompt_ids), p.ground_truth, p.data_source): p for p in problems}.values())
+                seen.add(key)
     if not problems:
         raise BackendError(f"{', '.join(files)}: no prompt fits in {max_prompt_length} tokens; use a longer context")
     return problems

@@ -18,6 +18,13 @@ from rpg_cli.inputs import Finding, check_run
 if TYPE_CHECKING:
     from rpg_cli.spec import ExperimentSpec
 
+# What the registry asks (rpg_cli.backends.registry.Backend): a run needs its spec's CPUs (NODE_CPUS None) and
+# about 4 GB of a node's memory on the toy or a small model (`rpg slurm --mem` for larger ones); the trainer
+# reports to the spec's trackers itself (rpg_cli.trackers.writers), so their libraries are checked at plan time.
+NODE_CPUS = None
+RUN_MEM_MB = 4096
+WRITES_TRACKERS = True
+
 
 def entrypoint(spec: ExperimentSpec, run_dir: Path) -> list[str]:
     return ["python", "-m", "rpg_cli.backends.local", "--spec", str(rundir.spec_path(run_dir))]

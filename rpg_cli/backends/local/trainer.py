@@ -49,6 +49,7 @@ from rpg_cli.algorithms import advantages as adv
 from rpg_cli.algorithms import aggregate, kl_penalty_loss, policy_loss
 from rpg_cli.algorithms.kl import reference_kl
 from rpg_cli.backends.local import checkpoint as ckpt
+from rpg_cli.backends.local.costs import CostMeter
 from rpg_cli.backends.local.data import batch_indices, load_problems
 from rpg_cli.backends.local.preflight import BackendError, Plan
 from rpg_cli.backends.local.rollout import Problem, Rollouts, concat, eos_ids, generate, score_rollouts, token_log_probs
@@ -68,7 +69,7 @@ from rpg_cli.metrics import (
     REWARD,
     REWARDS,
     STEP_TIME,
-    THROUGHPUT,
+    TESTING_TIME,
     TOKENS,
     VAL_AUX,
     VAL_CORE,
@@ -159,6 +160,7 @@ class Trainer:
             log(f"resuming from {resume[1].name}: continuing at step {self.start_step}")
         self.metrics = rundir.MetricsLog(rundir.metrics_path(self.run_dir), keep_through=resume[0] if resume else None)
         self.trackers = open_run(spec, self.run_dir, resumed_after=resume[0] if resume else None)
+        self.costs = CostMeter(self.model, self.device, spec)  # perf/*: throughput, MFU, peak memory
 
     def log_metrics(self, step: int, metrics: dict[str, float]) -> None:
         """One step's line in metrics.jsonl, and the same values to the spec's trackers."""
@@ -180,6 +182,7 @@ class Trainer:
             self.log_metrics(0, self.validate())
         for step in range(self.start_step, last + 1):
             started = time.perf_counter()
+            self.costs.begin()
             torch.manual_seed(step_seed(spec.seed, step))
             random.seed(step_seed(spec.seed, step))
             try:
@@ -188,13 +191,12 @@ class Trainer:
                 if not re.search(r"\b(?:inf|nan)\b", str(exc)):
                     raise
                 raise BackendError(rundir.diverged(step, f"sampling met {str(exc).splitlines()[0]}")) from None
+            metrics[STEP_TIME] = time.perf_counter() - started  # without validation, as verl times a step
+            metrics.update(self.costs.step(metrics[TOKENS], metrics[STEP_TIME]))
             if self.val_problems and (step % spec.val.every == 0 or step == spec.steps):
                 t = time.perf_counter()
                 metrics.update(self.validate())
-                metrics["timing_s/testing"] = time.perf_counter() - t
-            metrics[STEP_TIME] = time.perf_counter() - started
-            metrics["perf/time_per_step"] = metrics[STEP_TIME]
-            metrics[THROUGHPUT] = metrics[TOKENS] / metrics[STEP_TIME]
+                metrics[TESTING_TIME] = time.perf_counter() - t
             # the line goes first: a crash before the checkpoint is renamed into place redoes the step
             self.log_metrics(step, metrics)
             for key in DIVERGED_KEYS:  # no checkpoint of weights a NaN has reached
@@ -259,6 +261,8 @@ class Trainer:
         actor = self.update(step, r, old_log_prob, ref_log_prob, advantages)
         self._eval_weights()
         timing["timing_s/update_actor"] = time.perf_counter() - t
+        seqlens = (r.prompt_mask.sum(-1) + r.response_mask.sum(-1)).tolist()
+        extra.update(self.costs.update(seqlens, spec.ppo_epochs, timing["timing_s/update_actor"]))  # MFU (CUDA)
         return {
             **actor,
             **extra,
@@ -321,7 +325,7 @@ class Trainer:
     @property
     def beta_in_reward(self) -> bool:
         """Whether beta weighs a k1 penalty folded into the reward (the table's `beta_in`), not a loss term."""
-        return self.spec.entry.beta_in == "reward" and self.spec.beta > 0
+        return self.spec.kl_in_reward
 
     def advantages(
         self, batch: Batch, rewards: torch.Tensor, old_log_prob: torch.Tensor, ref_log_prob: torch.Tensor | None

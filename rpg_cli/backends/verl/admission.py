@@ -24,10 +24,12 @@ import random
 import time
 from collections.abc import Callable
 
+from rpg_cli.backends.verl import internals
+
 
 def gpus(resources: dict[str, float]) -> float:
     """The GPUs in a Ray resource dict, as verl counts them (GPU, else NPU)."""
-    return resources.get("GPU", resources.get("NPU", 0.0))
+    return internals.ray_gpus(resources)
 
 
 def admit(
@@ -41,7 +43,7 @@ def admit(
     """Return once `required` GPUs are free; ValueError (verl's own message) if the cluster has fewer in all."""
     total = gpus(cluster())
     if total < required:
-        raise ValueError(f"Total available GPUs {total:g} is less than total desired GPUs {required}")
+        raise ValueError(internals.too_few_gpus(total, required))
     waited = False
     while (free := gpus(available())) < required:
         if not waited:

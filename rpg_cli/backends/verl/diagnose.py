@@ -21,6 +21,7 @@ from collections.abc import Collection, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from rpg_cli.backends.verl.internals import TOO_FEW_GPUS, UNKNOWN_LOSS
 from rpg_cli.rundir import failure_line, last_error_line
 
 # Override keys whose values verl 0.9.1's composition and validation never read, so runs whose overrides differ
@@ -74,13 +75,12 @@ if missing:
     sys.exit(print(P + "missing:" + ",".join(missing)))
 if sys.argv[2:] == ["node"]:  # a node's check: verl's platform and the vLLM version, as this environment gives them
     import importlib.metadata
-    from verl.plugin.platform import get_platform
-    platform = get_platform()
+    from rpg_cli.backends.verl.internals import platform_names
     try:
         vllm = importlib.metadata.version("vllm")
     except importlib.metadata.PackageNotFoundError:
         vllm = None
-    print(P + "node:" + json.dumps({"vendor": platform.vendor_name, "device": platform.device_name, "vllm": vllm}))
+    print(P + "node:" + json.dumps({**platform_names(), "vllm": vllm}))
 print(P + "imported", flush=True)
 payload = json.load(sys.stdin)
 runs, alike = payload["runs"], frozenset(payload["alike"])
@@ -105,15 +105,13 @@ if runs:
         groups.setdefault(tuple(part(item) for item in overrides), []).append(i)
 print(P + "groups:" + json.dumps(list(groups.values())), flush=True)
 if groups:
-    from pathlib import Path
     from hydra import compose, initialize_config_dir
-    from verl.trainer.ppo.utils import need_critic, need_reference_policy
-    from verl.utils.config import validate_config
-    with initialize_config_dir(str(Path(verl.__file__).parent / "trainer" / "config"), version_base=None):
+    from rpg_cli.backends.verl.internals import config_dir, validate
+    with initialize_config_dir(config_dir(), version_base=None):
         for g, members in enumerate(groups.values()):
             try:
                 cfg = compose(config_name="ppo_trainer", overrides=runs[members[0]])
-                validate_config(cfg, use_reference_policy=need_reference_policy(cfg), use_critic=need_critic(cfg))
+                validate(cfg)
             except Exception as exc:
                 text = " ".join(str(exc).split()) or type(exc).__name__  # verl asserts without a message too
                 print(P + f"verdict:{g}:" + text[:400], flush=True)
@@ -302,12 +300,12 @@ def _run_probe(
 # rundir.failure_line); matched against the last error line, then the whole tail.
 _HINTS = (
     (
-        re.compile(r"Total available GPUs (\d+) is less than total desired GPUs (\d+)"),
+        TOO_FEW_GPUS,
         "verl needs {1} GPU(s) but the Ray cluster has {0} free: run on a GPU cluster (rpg sweep --address ...) "
         "or use --backend local",
     ),
     (
-        re.compile(r"Unsupported loss mode: (\S+)"),
+        UNKNOWN_LOSS,
         "verl does not know loss {0}: the rpg plugin did not load in the job (VERL_USE_EXTERNAL_MODULES)",
     ),
     (

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from typing import Any
 
-TRANSFER_QUEUE_NAMESPACE = "transfer_queue"  # transfer_queue/interface.py, storage/clients/ray_storage_client.py
+from rpg_cli.backends.verl.internals import TRANSFER_QUEUE_NAMESPACE
 
 
 def run_namespace(namespace: str | None, current: str) -> str | None:

@@ -31,7 +31,8 @@ from rpg_cli.backends.verl.footprint import disk, gpu_memory, token_budgets
 from rpg_cli.inputs import Finding, check_run, count_problems
 from rpg_cli.model_shape import model_shape
 from rpg_cli.spec import Every, SpecError, override_key
-from rpg_cli.trackers.runs import verl_env, verl_loggers
+from rpg_cli.trackers import TRACKERS
+from rpg_cli.trackers.runs import enabled, run_info
 
 # the spec's KL-loss estimators -> verl 0.9.1's kl_loss_type (core_algos.kl_penalty_forward), which
 # rpg_cli.algorithms.kl.kl_loss_term computes alike
@@ -56,6 +57,14 @@ CUSTOM_LOSS = ALGORITHMS["custom"].loss  # the plugin's loss that runs the spec'
 
 
 ENTRYPOINT = ("python", "-m", "rpg_cli.backends.verl.start")  # waits for the run's GPUs, then runs main_ppo
+
+# What the registry asks (rpg_cli.backends.registry.Backend), per the README's "What the paper grids need": a run
+# needs 3 CPUs per GPU plus 11 on each node (its placement group's {CPU: 3, GPU: 1} bundles, the transfer queue's 9
+# actors, the job's entrypoint and verl's task runner) and the whole node's memory; verl's own Tracking reports to
+# the spec's trackers, set up by `env` (tracker_env) and `trainer.logger` (tracker_loggers).
+NODE_CPUS = (3, 11)
+RUN_MEM_MB = None
+WRITES_TRACKERS = False
 
 
 def entrypoint(spec: ExperimentSpec, run_dir: Path) -> list[str]:
@@ -98,8 +107,27 @@ def env(spec: ExperimentSpec, run_dir: Path) -> dict[str, str]:
         **({"PYTHONPATH": pythonpath} if pythonpath else {}),
         "VERL_USE_EXTERNAL_MODULES": ",".join([*modules, PLUGIN_MODULE]),
         "VERL_FILE_LOGGER_PATH": str(rundir.metrics_path(Path(run_dir).absolute())),
-        **verl_env(spec, run_dir),
+        **tracker_env(spec, run_dir),
     }
+
+
+def tracker_loggers(spec: ExperimentSpec) -> list[str]:
+    """verl 0.9.1 `trainer.logger` entries for the spec's trackers (its names are ours)."""
+    return enabled(spec.trackers)
+
+
+def tracker_env(spec: ExperimentSpec, run_dir: Path) -> dict[str, str]:
+    """The env vars verl 0.9.1's verl/utils/tracking.py (and the libraries it calls) read for the spec's
+    trackers (`Tracker.library_env`): verl passes the libraries only a few settings, the group, tags, run id
+    and URIs travel as their own env vars. No credentials."""
+    if spec.trackers is None or not enabled(spec.trackers):
+        return {}
+    run_dir = Path(run_dir).absolute()
+    info = run_info(spec.canonical(), spec.run_id, spec.run_name, run_dir.parent.name, run_dir, spec.trackers)
+    found: dict[str, str] = {}
+    for name in enabled(info.trackers):
+        found.update(TRACKERS[name].library_env(info))
+    return found
 
 
 def plugin_losses(loss_names: Iterable[str]) -> list[str]:
@@ -195,7 +223,7 @@ def check(spec: ExperimentSpec) -> None:
             "allowed with backend verl: vllm (hf is the local backend's)",
             "rollout.engine",
         )
-    if spec.entry.beta_in == "reward" and spec.beta > 0 and spec.reference == "iterative":
+    if spec.kl_in_reward and spec.reference == "iterative":
         raise SpecError(
             f"{spec.algorithm} folds beta * k1(pi_old/pi_ref) into the reward, which is 0 for the iterative "
             "reference; allowed: reference frozen, every or kl_target, or beta 0",
@@ -248,7 +276,7 @@ def overrides(spec: ExperimentSpec, run_dir: Path) -> list[str]:
     prompt_len, response_len = spec.max_prompt_length, spec.max_response_length
     entry = spec.entry  # the algorithm's row of rpg_cli.algorithms.table
     separate_reference = spec.reference != "iterative"  # frozen, or reset now and then: verl's ref worker
-    kl_in_reward = entry.beta_in == "reward" and spec.beta > 0
+    kl_in_reward = spec.kl_in_reward
     custom = spec.loss_name == CUSTOM_LOSS
     # our loss reads verl's ref_log_prob (a separate reference); the iterative one is pi_old, no model at all. A
     # custom loss gets a separate reference's log-probs (it has no beta: a KL term is the researcher's function's)
@@ -352,7 +380,7 @@ def overrides(spec: ExperimentSpec, run_dir: Path) -> list[str]:
         "trainer.save_freq": spec.save_every,
         "trainer.default_local_dir": str(rundir.checkpoints_dir(run_dir)),
         "trainer.resume_mode": "auto",
-        "trainer.logger": ["console", "file", *verl_loggers(spec)],  # `file` is what rpg ingests
+        "trainer.logger": ["console", "file", *tracker_loggers(spec)],  # `file` is what rpg ingests
         "trainer.project_name": spec.trackers.project if spec.trackers else "rpg",
         "trainer.experiment_name": spec.run_name,
         # main_ppo runs under @hydra.main, whose output folder (.hydra/, main_ppo.log) is outputs/<date>/<time>/ of

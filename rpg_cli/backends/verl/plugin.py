@@ -15,9 +15,9 @@ verl logs entry-point failures only at debug level). Importing it:
   metrics under `actor/<name>`.
 - applies rollout correction (`rollout_is_weights`, MATH.md section 10) as verl's own losses do: the per-token
   loss times the weights, before aggregation; a micro-batch whose every token rejection sampling removed adds 0.
-- wraps verl's `ppo_loss` (workers/utils/losses.py), because verl's policy-loss signature carries no
-  `ref_log_prob`: the wrapper hands the batch's padded ref_log_prob to our loss for the duration of
-  the call (a context variable, set and reset around verl's own ppo_loss, which stays in charge of
+- wraps verl's `ppo_loss` (workers/utils/losses.py, patched wherever it is bound: `internals.wrap_ppo_loss`),
+  because verl's policy-loss signature carries no `ref_log_prob`: the wrapper hands the batch's padded
+  ref_log_prob to our loss for the duration of the call (a context variable, set and reset around verl's own ppo_loss, which stays in charge of
   entropy, the KL loss and metrics).
 - gives verl's own KL loss (`use_kl_loss`, `kl_loss_type`, `kl_loss_coef`) pi_old as its reference when
   `policy_loss.kl_loss_to_old` is set: the iterative reference of REINFORCE++ as the paper's scripts ran
@@ -33,7 +33,6 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import sys
 from collections.abc import Callable
 from contextvars import ContextVar
 from dataclasses import dataclass, field
@@ -44,12 +43,10 @@ from verl.trainer.ppo.core_algos import POLICY_LOSS_REGISTRY, register_policy_lo
 from verl.workers.config import PolicyLossConfig
 
 from rpg_cli.algorithms import LOSS_NAMES, policy_loss
+from rpg_cli.backends.verl import internals
 from rpg_cli.backends.verl.isolation import per_run_transfer_queue
 from rpg_cli.backends.verl.launch import CUSTOM_LOSS, plugin_losses
 from rpg_cli.metrics import PG_LOSS, loss_metrics
-
-# modules that bind verl's ppo_loss by name (`from verl.workers.utils.losses import ppo_loss`)
-_PPO_LOSS_USERS = ("verl.workers.utils.losses", "verl.workers.engine_workers", "verl.trainer.distillation.losses")
 
 _reference: ContextVar[torch.Tensor | None] = ContextVar("rpg_ref_log_prob", default=None)
 
@@ -113,6 +110,9 @@ def rpg_policy_loss(
     else:
         ref_log_prob = None  # the iterative reference: pi_ref = pi_old
     mask = response_mask.bool()
+    # The loss path's device-to-host syncs are three, as many as verl's own vanilla loss makes for its metrics
+    # (.item() x 3): this check, policy_loss's same check of its input, and its metrics (gathered into one); the
+    # loss and its scale stay on the device (`loss_scale`).
     if not bool(mask.any()):
         # rejection sampling (rollout correction) removed every token of this micro-batch: it adds nothing, but
         # its backward still runs (FSDP's gradient reduction waits for every rank's)
@@ -136,8 +136,8 @@ def rpg_policy_loss(
             kl_clamp=getattr(settings, "kl_clamp", True),
             weights=rollout_is_weights,
         )
-    loss = loss * global_batch_scale(loss_agg_mode, response_mask, getattr(config, "global_batch_info", None) or {})
-    return loss, _verl_metrics(metrics)
+    scale = loss_scale(loss_agg_mode, response_mask, getattr(config, "global_batch_info", None) or {})
+    return scaled(loss, scale), _verl_metrics(metrics)
 
 
 @functools.cache
@@ -173,27 +173,45 @@ def _custom_loss(
     )
 
 
-def global_batch_scale(loss_agg_mode: str, response_mask: torch.Tensor, info: dict[str, Any]) -> float:
+def loss_scale(loss_agg_mode: str, response_mask: torch.Tensor, info: dict[str, Any]) -> torch.Tensor | float:
     """Factor turning `policy_loss`'s micro-batch aggregate into verl's `agg_loss` with global batch info.
 
     verl normalises each micro-batch by the whole mini-batch (over all data-parallel ranks) and multiplies
     by dp_size, so that summed micro-batch gradients, averaged over ranks, are the mini-batch's gradient.
     `policy_loss` normalises by the micro-batch itself; both share the numerator, so only the normaliser
     changes. Without global info (one rank, one micro-batch) the factor is 1.
+
+    A count of the micro-batch's tokens or sequences stays a float64 tensor on its device, the same number a
+    Python float would hold: the loss is multiplied by it (`scaled`) without a device-to-host sync (one per
+    micro-batch on a GPU, where it stalls the launch of the backward). verl's totals are Python ints already.
     """
     dp_size = int(info.get("dp_size") or 1)
     mask = response_mask.bool()
     if loss_agg_mode == "token-mean":
         total = info.get("batch_num_tokens")
-        return float(mask.sum()) * dp_size / float(total) if total is not None else float(dp_size)
+        return mask.sum(dtype=torch.float64) * dp_size / float(total) if total is not None else float(dp_size)
     if loss_agg_mode == "token-sum":
         return float(dp_size)
-    sequences = float(mask.any(-1).sum())
     total = info.get("global_batch_size")
+    sequences = mask.any(-1).sum(dtype=torch.float64)
     scale = sequences * dp_size / float(total) if total is not None else float(dp_size)
     if loss_agg_mode == "seq-mean-token-sum-norm" and info.get("loss_scale_factor") is not None:
         scale *= mask.shape[-1] / float(info["loss_scale_factor"])  # policy_loss divides by the response length
     return scale
+
+
+def scaled(loss: torch.Tensor, scale: torch.Tensor | float) -> torch.Tensor:
+    """`loss` times `scale` in the loss's dtype, rounded once as with a Python float: a half-precision loss is
+    multiplied in float32 (PyTorch's arithmetic for a scalar), a float32 or float64 one in its own dtype."""
+    if not isinstance(scale, torch.Tensor):
+        return loss * scale
+    wide = torch.promote_types(loss.dtype, torch.float32)
+    return (loss.to(wide) * scale.to(wide)).to(loss.dtype)
+
+
+def global_batch_scale(loss_agg_mode: str, response_mask: torch.Tensor, info: dict[str, Any]) -> float:
+    """`loss_scale` as a number, for checks and tests (it syncs: the loss path uses `loss_scale`)."""
+    return float(loss_scale(loss_agg_mode, response_mask, info))
 
 
 def _verl_metrics(metrics: dict[str, float]) -> dict[str, float]:
@@ -256,19 +274,6 @@ def wrap_ppo_loss(verl_ppo_loss):
     return ppo_loss
 
 
-def _install_ppo_loss_wrapper() -> None:
-    """Patch the losses module, and every already-imported module that bound ppo_loss by name
-    (engine_workers binds it at import and looks it up when the actor is built)."""
-    import verl.workers.utils.losses as losses
-
-    original = getattr(losses.ppo_loss, "__wrapped__", losses.ppo_loss)
-    wrapped = wrap_ppo_loss(losses.ppo_loss)
-    for module_name in _PPO_LOSS_USERS:
-        module = sys.modules.get(module_name)
-        if module is not None and getattr(module, "ppo_loss", None) is original:
-            module.ppo_loss = wrapped
-
-
 def registered_names() -> list[str]:
     """The rpg losses verl can see right now (what the submit-time check looks for)."""
     return [
@@ -280,7 +285,7 @@ def registered_names() -> list[str]:
 
 for _name in plugin_losses(LOSS_NAMES):
     _register(_name)
-_install_ppo_loss_wrapper()
+internals.wrap_ppo_loss(wrap_ppo_loss)  # verl's ppo_loss and the modules that bound it by name
 per_run_transfer_queue()  # several runs on one Ray cluster: each its own TransferQueue (isolation.py)
 
 # rpg's trainer and worker for the iterative reference (registered with verl's register_trainer on import)

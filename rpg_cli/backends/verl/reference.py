@@ -44,6 +44,9 @@ reference has been reset (so it is neither the initial model nor the current one
 a resumed run continues with the reference it had. This needs the same number of GPUs as the run that
 saved, which verl's own sharded checkpoints need too.
 
+What it uses of verl beyond `register_trainer` (the trainer and worker classes, their private hooks and state,
+the dispatch decorator, TransferQueue, verl's Tracking and checkpoint layout) goes through `internals.py`.
+
 The copy assumes the actor and reference engines shard alike: verl's defaults (`ref.strategy` and the ref's
 fsdp settings follow the actor's). If they differ, `reset_reference` stops the run with the first mismatch.
 """
@@ -57,18 +60,15 @@ from pathlib import Path
 
 import ray
 import torch
-import transfer_queue as tq
 from omegaconf import OmegaConf, open_dict
 from torch.distributed.tensor import DTensor
-from verl.single_controller.base.decorator import Dispatch, register
 from verl.trainer.ppo.v1.trainer_base import register_trainer
-from verl.trainer.ppo.v1.trainer_sync import PPOTrainerSync
-from verl.utils.debug import marked_timer
-from verl.workers.engine_workers import ActorRolloutRefWorker
 
 from rpg_cli import rundir
 from rpg_cli.algorithms.kl import reference_kl
+from rpg_cli.backends.verl import internals
 from rpg_cli.backends.verl.admission import admit, release_lease
+from rpg_cli.backends.verl.internals import SyncTrainer, Worker
 from rpg_cli.backends.verl.launch import RPG_TRAINER, reference_from_config
 from rpg_cli.rundir import MetricsLog
 from rpg_cli.spec import Every
@@ -121,42 +121,29 @@ def copy_shards(source: dict[str, torch.Tensor], target: torch.nn.Module) -> int
     return copied
 
 
-def _shard_file(local_path: str) -> str:
-    rank, world = torch.distributed.get_rank(), torch.distributed.get_world_size()
-    return os.path.join(local_path, f"model_world_size_{world}_rank_{rank}.pt")  # verl's naming of model shards
-
-
-class RPGActorRolloutRefWorker(ActorRolloutRefWorker):
+class RPGActorRolloutRefWorker(Worker):
     """verl's actor/rollout/ref worker with the reference reset (module doc)."""
 
-    def _engines(self) -> tuple[torch.nn.Module, torch.nn.Module]:
-        if self.actor is None or self.ref is None:
-            raise RuntimeError(
-                f"resetting the reference needs the actor and the reference in one worker "
-                f"(role actor_rollout_ref), got role {self.role}"
-            )
-        return self.actor.engine.module, self.ref.engine.module
-
-    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    @internals.every_rank
     def reset_reference(self) -> int:
         """pi_ref <- pi_theta on this rank: the actor's parameter shards into the reference's."""
-        actor, ref = self._engines()
+        actor, ref = internals.worker_engines(self)
         return copy_shards(shards(actor), ref)
 
-    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    @internals.every_rank
     def save_reference(self, local_path: str) -> None:
         """Write this rank's reference shards to `local_path` (written whole, then renamed into place)."""
-        _, ref = self._engines()
+        _, ref = internals.worker_engines(self)
         os.makedirs(local_path, exist_ok=True)
-        path = _shard_file(local_path)
+        path = internals.shard_file(local_path)
         torch.save({name: shard.detach().to("cpu", copy=True) for name, shard in shards(ref).items()}, path + ".tmp")
         os.replace(path + ".tmp", path)
 
-    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    @internals.every_rank
     def load_reference(self, local_path: str) -> None:
         """Read this rank's reference shards written by `save_reference` back into the reference engine."""
-        _, ref = self._engines()
-        copy_shards(torch.load(_shard_file(local_path), map_location="cpu", weights_only=True), ref)
+        _, ref = internals.worker_engines(self)
+        copy_shards(torch.load(internals.shard_file(local_path), map_location="cpu", weights_only=True), ref)
 
 
 # ---------------------------------------------------------------- the trainer
@@ -170,24 +157,20 @@ def batch_reference_kl(data) -> float:
 
 
 @register_trainer(RPG_TRAINER)
-class RPGTrainer(PPOTrainerSync):
+class RPGTrainer(SyncTrainer):
     """verl's synchronous PPO trainer with the paper's iterative reference (module doc)."""
 
     def __init__(self, config):
         self.reference = ReferenceTracker(reference_from_config(config))
-        # verl branches on the mode's name (replay buffer, refill, checkpoints): this trainer is its "sync"
-        with open_dict(config):
-            config.trainer.v1.trainer_mode = "sync"
+        internals.as_sync_mode(config)  # verl branches on the mode's name: this trainer is its "sync"
         super().__init__(config)
 
     def _init_resource_pool_mgr(self):
         super()._init_resource_pool_mgr()
-        for role, worker in list(self.role_worker_mapping.items()):
-            if getattr(worker, "__ray_actor_class__", worker) is ActorRolloutRefWorker:
-                self.role_worker_mapping[role] = ray.remote(RPGActorRolloutRefWorker)
-        manager = self.resource_pool_manager  # wait for GPUs other runs hold, instead of failing (admission.py)
-        manager._check_resource_available = lambda: admit(
-            manager.get_n_gpus(), ray.cluster_resources, ray.available_resources
+        internals.replace_worker(self.role_worker_mapping, RPGActorRolloutRefWorker)
+        # wait for GPUs other runs hold, instead of failing (admission.py)
+        internals.reserve_check(
+            self.resource_pool_manager, lambda gpus: admit(gpus, ray.cluster_resources, ray.available_resources)
         )
 
     def _setup(self):
@@ -201,7 +184,7 @@ class RPGTrainer(PPOTrainerSync):
                 "the reference schedule needs verl's ref worker: set actor_rollout_ref.actor.use_kl_loss"
                 "=true (rpg's overrides do)"
             )
-        if resets and (self.ref_in_actor or self.ref_policy_wg is not self.actor_rollout_wg):
+        if resets and not internals.colocated_reference(self):
             raise ValueError(
                 "resetting the reference needs the actor and the reference in one worker (no LoRA, "
                 "actor_rollout_ref role)"
@@ -220,16 +203,12 @@ class RPGTrainer(PPOTrainerSync):
         super().on_step_begin()
         # before this step's reference log-probs; with no ref worker (iterative) pi_ref is pi_old anyway
         if self.reference.begin_step(self.global_steps) and self.use_reference_policy:
-            with marked_timer("reset_reference", self.timing_raw, color="olive"):
+            with internals.timed("reset_reference", self.timing_raw):
                 self.ref_policy_wg.reset_reference()
 
     def _compute_ref_log_prob(self, batch, metrics: dict):
         batch = super()._compute_ref_log_prob(batch, metrics)
-        data = tq.kv_batch_get(
-            keys=batch.keys,
-            partition_id=batch.partition_id,
-            select_fields=["old_log_probs", "ref_log_prob", "response_mask"],
-        )
+        data = internals.batch_fields(batch, ["old_log_probs", "ref_log_prob", "response_mask"])
         self.reference.observe(batch_reference_kl(data))
         return batch
 
@@ -243,7 +222,7 @@ class RPGTrainer(PPOTrainerSync):
 
     def fit(self, *args, **kwargs):
         # verl's Tracking would open metrics.jsonl with "wb": rpg's append-only log stands in (module doc)
-        path, backends = os.environ.get("VERL_FILE_LOGGER_PATH"), self.config.trainer.logger
+        path, backends = os.environ.get(internals.FILE_LOGGER_ENV), self.config.trainer.logger
         if path and not isinstance(backends, str) and "file" in backends:
             with open_dict(self.config):
                 self.config.trainer.logger = [b for b in backends if b != "file"]
@@ -259,8 +238,8 @@ class RPGTrainer(PPOTrainerSync):
         # verl builds its Tracking in fit(): rpg's metrics.jsonl joins its backends, and the step's checkpoint
         # waits for the step's log (module doc)
         if tracking is not None and (log := self.__dict__.get("_metrics_log")) is not None:
-            tracking.logger["file"] = _FileLog(log)
-        self.__dict__["_tracking"] = _SaveAfterLog(tracking, self._after_log) if tracking is not None else None
+            internals.add_tracking_backend(tracking, "file", internals.FileBackend(log))
+        self.__dict__["_tracking"] = internals.AfterEachLog(tracking, self._after_log) if tracking is not None else None
 
     def _save_checkpoint(self):
         self.__dict__["_save_pending"] = True  # verl's loop asks before the step is logged: done after it
@@ -283,7 +262,7 @@ class RPGTrainer(PPOTrainerSync):
         log = self.__dict__.get("_metrics_log")
         path = log.path if log is not None else rundir.metrics_path(self._run_dir())
         rundir.append_line(path, rundir.stopped_line(step, why))
-        self.total_training_steps = step  # verl's `while ... global_steps <= total_training_steps` ends after it
+        internals.end_loop_after(self, step)
         print(f"rpg: stopped after step {step} ({why}) as asked; a resume starts at step {step + 1}", flush=True)
 
     def _run_dir(self) -> Path:
@@ -295,7 +274,7 @@ class RPGTrainer(PPOTrainerSync):
     def _save_checkpoint_now(self):
         # before verl's save, which writes the latest-checkpoint marker last: a crash in between leaves the
         # previous checkpoint the latest
-        folder = os.path.join(self.config.trainer.default_local_dir, f"global_step_{self.global_steps}")
+        folder = internals.step_folder(self.config.trainer.default_local_dir, self.global_steps)
         os.makedirs(folder, exist_ok=True)
         if self.reference.resets and self.use_reference_policy:
             self.ref_policy_wg.save_reference(os.path.join(folder, REFERENCE_DIR))
@@ -311,7 +290,7 @@ class RPGTrainer(PPOTrainerSync):
         super()._load_checkpoint()
         if self.global_steps == 0:
             return  # trained from scratch
-        folder = self._resumed_folder()
+        folder = internals.resumed_folder(self.config.trainer, self.global_steps)
         state = os.path.join(folder, REFERENCE_STATE)
         if os.path.exists(state):
             with open(state, encoding="utf-8") as handle:
@@ -324,40 +303,3 @@ class RPGTrainer(PPOTrainerSync):
             self.reference.load_state_dict({"resets": 1, "born": self.global_steps + 1, "ema": 0.0, "kl": 0.0})
             if self.use_reference_policy:
                 self.ref_policy_wg.reset_reference()
-
-    def _resumed_folder(self) -> str:
-        """The global_step_N folder verl's `_load_checkpoint` resumed from (the same rules)."""
-        trainer = self.config.trainer
-        if trainer.resume_mode == "resume_path":
-            folder = trainer.resume_from_path
-        else:
-            folder = os.path.join(trainer.default_local_dir, f"global_step_{self.global_steps}")
-        return folder if os.path.isabs(folder) else os.path.join(os.getcwd(), folder)
-
-
-class _FileLog:
-    """`rundir.MetricsLog` as one of verl's Tracking backends (`log(data, step)`, `finish()`)."""
-
-    def __init__(self, log: MetricsLog):
-        self._log = log
-
-    def log(self, data, step):
-        self._log.write(step, data)
-
-    def finish(self):
-        pass  # every line is written whole when it is logged
-
-
-class _SaveAfterLog:
-    """verl's Tracking, which then saves the checkpoint verl asked for during the step just logged, and stops
-    the run there if asked (`RPGTrainer._after_log`)."""
-
-    def __init__(self, tracking, after):
-        self._tracking, self._after = tracking, after
-
-    def log(self, data, step, backend=None):
-        self._tracking.log(data=data, step=step, backend=backend)
-        self._after()
-
-    def __getattr__(self, name):
-        return getattr(self._tracking, name)

@@ -16,6 +16,7 @@ plugin), each with the job's environment, so that a node that lacks one fails th
     python -m rpg_cli.backends.verl.start --gpus N --run rpg-<run id> -- <main_ppo's Hydra overrides>
 
 Run outside a Ray job (no RAY_ADDRESS: verl starts a Ray of its own), it waits for nothing and checks nothing.
+Once the wait is over it marks the run directory (`mark_held`): the run's device time counts from there.
 
 A graceful stop (rundir.request_stop: the request file in the run directory) reaches verl's training loop, which
 runs in a Ray actor (TaskRunner) possibly on another node, through the shared runs directory: rpg's trainer
@@ -36,6 +37,7 @@ the request file and leaves the job to end itself.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import signal
 import sys
@@ -43,6 +45,7 @@ import time
 from pathlib import Path
 
 from rpg_cli import rundir
+from rpg_cli.backends.verl.internals import FILE_LOGGER_ENV
 
 MAIN_PPO = ("-m", "verl.trainer.main_ppo")
 THIS = ("-m", "rpg_cli.backends.verl.start")  # what it execs once the wait is over: itself, --started
@@ -60,7 +63,7 @@ class StopRequested(Exception):
 def job_run_dir() -> Path | None:
     """The run directory of the job (launch.env gives every verl job VERL_FILE_LOGGER_PATH, its metrics.jsonl);
     None outside rpg's launch: no stop request can reach such a run."""
-    path = os.environ.get("VERL_FILE_LOGGER_PATH")
+    path = os.environ.get(FILE_LOGGER_ENV)
     return Path(path).parent if path else None
 
 
@@ -95,6 +98,15 @@ def end_unstarted(run_dir: Path, why: str) -> None:
     step = max(rundir.find_checkpoints(run_dir), default=0)
     rundir.append_line(rundir.metrics_path(run_dir), rundir.stopped_line(step, why))
     print(say(f"rpg: stopped ({why}) while waiting for GPUs; the run stands at step {step}"), flush=True)
+
+
+def mark_held(run_dir: Path | None) -> None:
+    """Note in the run directory that the attempt holds its GPUs from now (rundir.mark_held): the watcher counts
+    the run's device time from it, not from Ray's start, which includes the wait above. A mark that cannot be
+    written costs the run its measured device time, not its training."""
+    if run_dir is not None:
+        with contextlib.suppress(OSError):
+            rundir.mark_held(run_dir)
 
 
 def say(line: str) -> str:
@@ -207,6 +219,7 @@ def main(argv: list[str] | None = None) -> None:
         return
     if run_dir is not None:
         rundir.clear_stop_request(run_dir)  # a new attempt: no request left over from the one before
+        rundir.clear_held(run_dir)  # nor a mark of when the one before began holding its GPUs
         stop_on_signals(run_dir)
     if os.environ.get("RAY_ADDRESS"):
         try:
@@ -215,11 +228,14 @@ def main(argv: list[str] | None = None) -> None:
             assert run_dir is not None, "only a run directory holds a request"
             end_unstarted(run_dir, stop.why)
             sys.exit(0)
+        mark_held(run_dir)  # the wait is over: the GPUs are the run's (leased) from here
         if refused := check_nodes(overrides, args.run):
             from rpg_cli.backends.verl.diagnose import NODE_CHECK
 
             print(NODE_CHECK + refused, flush=True)  # the run's reason in `rpg runs` (diagnose.failure_reason)
             sys.exit(1)
+    else:
+        mark_held(run_dir)  # nothing to wait for
     if run_dir is None:  # outside rpg's launch: verl as it is
         os.execv(sys.executable, [sys.executable, *MAIN_PPO, *overrides])
     else:
