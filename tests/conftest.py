@@ -64,6 +64,15 @@ def make_spec(**changes: Any) -> ExperimentSpec:
     return ExperimentSpec.model_validate(spec_dict(**changes))
 
 
+@pytest.fixture
+def offline_env(monkeypatch):
+    """W&B offline, MLflow's file store allowed, credentials in the environment: the trackers' tests
+    (trackers_support.go_offline)."""
+    from trackers_support import go_offline
+
+    go_offline(monkeypatch)
+
+
 @pytest.fixture(autouse=True)
 def _no_ambient_cluster_or_database(monkeypatch):
     """A researcher's exported RAY_ADDRESS or RPG_DB must not send a test's runs or rows elsewhere."""

@@ -5,6 +5,7 @@ the benchmark order; a spec as dotted paths; the run id and name (spec/identity.
 from __future__ import annotations
 
 import pytest
+from conftest import make_spec
 
 from rpg_cli.benchmarks import BENCHMARK_ORDER, benchmark_sort_key, problem_key
 from rpg_cli.spec import ExperimentSpec, flatten, identity
@@ -87,26 +88,14 @@ def test_flatten_gives_dotted_paths_to_leaves():
 
 
 def spec(**changes) -> ExperimentSpec:
-    base = {
+    """An RPG-REINFORCE run of the 4k context on eight GPUs (conftest's base run otherwise)."""
+    verl = {
         "algorithm": "rpg_reinforce",
-        "kl": "urkl",
-        "beta": 1e-4,
-        "clip": {"eps_low": 0.2, "eps_high": 0.28},
-        "optimizer": "adamw",
         "context": "4k",
-        "model": "Qwen/Qwen3-4B",
-        "data": {"train_files": ["train.parquet"]},
-        "train_batch_size": 512,
-        "rollout_n": 16,
-        "ppo_mini_batch_size": 32,
-        "lr": 5e-7,
-        "steps": 400,
-        "seed": 0,
-        "save_every": 50,
         "backend": "verl",
         "resources": {"gpus_per_node": 8, "cpus": 8},
     }
-    return ExperimentSpec.model_validate({**base, **changes})
+    return make_spec(**{**verl, **changes})
 
 
 def test_the_run_id_and_name_are_identitys_functions_of_the_canonical_spec():

@@ -16,7 +16,6 @@ from trackers_support import (
     EXPERIMENTS,
     SECRETS,
     assert_no_secrets,
-    go_offline,
     mlflow_runs,
     needs_mlflow,
     needs_tensorboard,
@@ -33,12 +32,6 @@ from rpg_cli.spec import SweepSpec, load_sweep
 from rpg_cli.store import open_store
 from rpg_cli.trackers import TRACKERS
 from rpg_cli.trackers.wandb import wandb_run_id
-
-
-@pytest.fixture
-def offline_env(monkeypatch):
-    """W&B offline, MLflow's file store allowed, credentials in the environment (trackers_support.go_offline)."""
-    go_offline(monkeypatch)
 
 
 def synthetic_store(root: Path) -> tuple[str, list]:

@@ -25,12 +25,6 @@ from rpg_cli.store import open_store
 from rpg_cli.trackers.wandb import wandb_run_id
 
 
-@pytest.fixture
-def offline_env(monkeypatch):
-    """W&B offline, MLflow's file store allowed, credentials in the environment (trackers_support.go_offline)."""
-    go_offline(monkeypatch)
-
-
 @pytest.fixture(scope="module")
 def tracked_toy_run(tmp_path_factory):
     """A 3-step toy run of the local backend tracked live to all three, its metrics ingested into a store.

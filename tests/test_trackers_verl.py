@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import os
-import sys
 from pathlib import Path
 
 import pytest
@@ -14,7 +13,6 @@ from trackers_support import (
     MISSING,
     SECRETS,
     assert_no_secrets,
-    go_offline,
     mlflow_runs,
     read_mlflow,
     read_tensorboard,
@@ -25,15 +23,6 @@ from rpg_cli.backends.verl.launch import tracker_env, tracker_loggers
 from rpg_cli.orchestration.plan import plan_sweep
 from rpg_cli.spec import ExperimentSpec, SweepSpec, load_sweep
 from rpg_cli.trackers.wandb import wandb_run_id
-
-
-@pytest.fixture
-def offline_env(monkeypatch):
-    """W&B offline, MLflow's file store allowed, credentials in the environment (trackers_support.go_offline);
-    W&B's process-wide settings (its first run's directory) forgotten, as in each verl job's fresh process."""
-    go_offline(monkeypatch)
-    if "wandb" in sys.modules:
-        sys.modules["wandb"].teardown()
 
 
 def verl_run(tmp_path: Path, monkeypatch) -> tuple[ExperimentSpec, Path]:

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import struct
+import sys
 from pathlib import Path
 
 import pytest
@@ -46,6 +47,8 @@ def go_offline(mp: pytest.MonkeyPatch) -> None:
         mp.delenv(key, raising=False)
     for key, value in SECRETS.items():
         mp.setenv(key, value)
+    if "wandb" in sys.modules:  # W&B's process-wide settings (an earlier run's directory) forgotten, as in a job
+        sys.modules["wandb"].teardown()
 
 
 def assert_no_secrets(*roots: Path, text: str = "") -> None:

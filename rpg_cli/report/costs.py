@@ -14,8 +14,6 @@ Every number is read in one query of the few keys it needs for the cells' runs (
 
 from __future__ import annotations
 
-import csv
-import io
 import json
 import math
 import statistics
@@ -366,13 +364,9 @@ def records(table: CostTable) -> list[dict[str, Any]]:
 
 
 def to_csv(table: CostTable) -> str:
-    rows = records(table)
-    buf = io.StringIO()
-    if rows:
-        writer = csv.DictWriter(buf, fieldnames=list(rows[0]), lineterminator="\n")
-        writer.writeheader()
-        writer.writerows({k: "" if v is None else v for k, v in rec.items()} for rec in rows)
-    return buf.getvalue()
+    from rpg_cli.report.render import records_csv
+
+    return records_csv(records(table))
 
 
 def to_json(table: CostTable) -> str:

@@ -156,7 +156,11 @@ def table_records(table: Table) -> list[dict[str, Any]]:
 
 
 def to_csv(table: Table) -> str:
-    records = table_records(table)
+    return records_csv(table_records(table))
+
+
+def records_csv(records: list[dict[str, Any]]) -> str:
+    """Flat records as CSV, the first one's keys as the header: None empty, a list as JSON."""
     buf = io.StringIO()
     if records:
         writer = csv.DictWriter(buf, fieldnames=list(records[0]), lineterminator="\n")
