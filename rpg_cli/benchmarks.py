@@ -15,11 +15,12 @@ for the dry run's count (`rpg_cli.inputs`), the local trainer's validation set a
 
 from __future__ import annotations
 
-import functools
 import hashlib
 import json
 from collections.abc import Iterable, Mapping
 from pathlib import Path
+
+from rpg_cli.file_facts import remembered
 
 SCORERS = ("dapo", "math_verify")  # rpg_cli.rewards implements them
 BENCHMARK_ALIASES = {
@@ -119,7 +120,7 @@ def data_sources(path: str) -> list[str] | None:
     return _data_sources(str(file.resolve()), stat.st_mtime_ns, stat.st_size)
 
 
-@functools.lru_cache(maxsize=64)  # a dry run asks once per run, of the same few files
+@remembered("data-sources", decode=lambda v: [str(x) for x in v])  # a dry run asks once per run, of the same files
 def _data_sources(path: str, mtime_ns: int, size: int) -> list[str] | None:
     try:
         import pyarrow.parquet as pq

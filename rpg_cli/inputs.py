@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from rpg_cli.benchmarks import problem_key
+from rpg_cli.file_facts import remembered
 
 if TYPE_CHECKING:
     from rpg_cli.spec import ExperimentSpec
@@ -140,9 +141,14 @@ def parquet_schema(path: str | Path) -> tuple[frozenset[str], int]:
     return _parquet_schema(str(Path(path).resolve()), *_stamp(Path(path)))[:2]
 
 
-@functools.lru_cache(maxsize=256)
+@remembered(
+    "parquet-schema",
+    encode=lambda v: [sorted(v[0]), v[1], v[2]],
+    decode=lambda v: (frozenset(v[0]), int(v[1]), v[2]),
+)
 def _parquet_schema(path: str, _mtime_ns: int, _size: int) -> tuple[frozenset[str], int, str | None]:
-    """Columns, rows, and the type of the prompt column when it is not a list of {role, content} structs."""
+    """Columns, rows, and the type of the prompt column when it is not a list of {role, content} structs
+    (file_facts: kept across processes, so a re-planned grid does not import pyarrow)."""
     import pyarrow as pa
     import pyarrow.parquet as pq
 
@@ -242,7 +248,7 @@ def count_problems(path: str | Path) -> ProblemCount | None:
     return _count_problems(str(p.resolve()), stat.st_mtime_ns, stat.st_size)
 
 
-@functools.lru_cache(maxsize=64)
+@remembered("problems", encode=lambda c: [c.rows, c.problems], decode=lambda v: ProblemCount(int(v[0]), int(v[1])))
 def _count_problems(path: str, mtime_ns: int, size: int) -> ProblemCount | None:
     try:
         import pyarrow.parquet as pq

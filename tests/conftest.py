@@ -21,10 +21,20 @@ from typing import TYPE_CHECKING, Any
 
 import pytest
 
+from rpg_cli.file_facts import CACHE_ENV
 from rpg_cli.store.url import DB_ENVVAR
 
 if TYPE_CHECKING:
     from rpg_cli.spec import ExperimentSpec
+
+# what the dry run remembers of data files goes to the session's own directory (its subprocesses too), not ~/.cache
+_FILE_FACTS = tempfile.mkdtemp(prefix="rpg-file-facts-")
+os.environ[CACHE_ENV] = _FILE_FACTS
+
+
+def pytest_sessionfinish(session, exitstatus):
+    shutil.rmtree(_FILE_FACTS, ignore_errors=True)
+
 
 # verl's whole loop runs in its own environment (`make e2e`, which sets RPG_E2E=1), not in the suite
 collect_ignore = [] if os.environ.get("RPG_E2E") else ["e2e"]

@@ -175,7 +175,7 @@ def test_export_writes_the_same_scalars_as_the_per_value_writer(tmp_path, offlin
         after = read_tensorboard(event_file.parent)
         assert values_only(after) == values_only(before)
         assert len(after) == 30 + 1 + 300 + 4  # metrics, critic, wide, mean@4, pass@1 and its interval bounds
-        assert [step for step, _, _ in after["eval/aime25/dapo/mean@4/ci_low"]] == [10]  # step 20: no samples
+        assert [step for step, _, _ in after["eval/aime25/dapo/mean@4_ci_low"]] == [10]  # step 20: no samples
         assert math.isnan(dict((s, v) for s, v, _ in after["critic/score/mean"])[3])
         walls = [wall for events in after.values() for _, _, wall in events]
         assert start <= min(walls) and max(walls) <= end  # wall time: when exported, as before
@@ -243,8 +243,8 @@ def test_mlflow_export_fills_each_log_batch_and_logs_what_the_per_step_writer_lo
     from rpg_cli.trackers import mlflow as mlflow_module
     from rpg_cli.trackers.mlflow import MLFLOW_METRICS_PER_BATCH
 
-    # no samples: MLflow's file store cannot hold both `mean_at_4` and `mean_at_4/ci_low` (a file and a dir)
-    db, plans = generated_store(tmp_path, steps=12, metrics=90, wide=0, samples=False)
+    # with samples: `mean_at_4` and its interval `mean_at_4_ci_low` side by side in MLflow's file store
+    db, plans = generated_store(tmp_path, steps=12, metrics=90, wide=0)
     sent: list[int] = []
     log_batch = MlflowClient.log_batch
 
@@ -284,7 +284,7 @@ def test_mlflow_export_fills_each_log_batch_and_logs_what_the_per_step_writer_lo
         exported = logged(after, p.id)
         assert exported == logged(before, p.id)
         values = sum(len(v) for v in exported.values())
-        assert values == 12 * 91 + 4  # metrics, evals at 10 and 20
+        assert values == 12 * 91 + 4 + 2  # metrics, evals at 10 and 20, the interval at 10 (samples there)
         full += [MLFLOW_METRICS_PER_BATCH] * (values // MLFLOW_METRICS_PER_BATCH) + [values % MLFLOW_METRICS_PER_BATCH]
     assert sent == full and len(per_step) == 2 * 13  # 2 calls a run, not one a step (12 and the eval at 20)
 

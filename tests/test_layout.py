@@ -78,7 +78,7 @@ LAYERS: tuple[frozenset[str], ...] = tuple(
         "store",
         "inputs model_shape cost",
         "spec",
-        "datasets rewards stats metrics benchmarks rundir watch states gpu_stack custom_loss",
+        "datasets rewards stats metrics benchmarks rundir watch states gpu_stack custom_loss file_facts",
         "algorithms",
     )
 )

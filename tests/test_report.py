@@ -688,6 +688,29 @@ def test_runs_summary_columns_and_where(store, fill):
         report.runs_summary(store, where=["algo=rpg"])
 
 
+def test_runs_summary_above_its_detail_limit_reads_no_runs_reward_accuracy_or_pace(store, fill, monkeypatch):
+    """A table of sweeps shows none of them: above `detail_limit` runs they are None and never read."""
+    a = fill.run(spec("rpg", "ufkl"), status=None)
+    b = fill.run(spec("grpo"), status=None)
+    fill.metrics(
+        a, {s: {"critic/score/mean": s / 10, "timing_s/step": 2.0, "val-core/x/acc/mean@4": 0.5} for s in (1, 2)}
+    )
+    detail = ("reward", "val", "s_per_step", "tokens_s_per_device", "eta_s")
+    full = {r["id"]: r for r in report.runs_summary(store, detail_limit=2)}
+    assert (full[a]["reward"], full[a]["val"], full[a]["s_per_step"]) == (0.2, 0.5, 2.0)
+
+    def unread(*args, **kwargs):
+        raise AssertionError("read above the detail limit")
+
+    monkeypatch.setattr(type(store), "step_times", unread)
+    monkeypatch.setattr(type(store), "latest_values", unread)
+    brief = {r["id"]: r for r in report.runs_summary(store, detail_limit=1)}
+    assert all(brief[run][key] is None for run in (a, b) for key in detail)
+    assert {run: {k: v for k, v in row.items() if k not in detail} for run, row in brief.items()} == {
+        run: {k: v for k, v in row.items() if k not in detail} for run, row in full.items()
+    }
+
+
 def test_cli_plot_default_panels_skip_what_nobody_logged(db, fill, tmp_path):
     run_id = fill.run(spec("grpo"))
     fill.metrics(run_id, {1: {"critic/score/mean": 0.1}, 2: {"critic/score/mean": 0.3}})

@@ -567,7 +567,7 @@ def _metrics(loss: torch.Tensor, out: TokenLoss, log_w: torch.Tensor, mask: torc
     0 (w is 1, hence the correction) and no clip branch fires (tests check the metrics against packed batches).
     """
     with torch.no_grad():
-        n = mask.sum()
+        n = torch.count_nonzero(mask)  # counts of bool tensors without sum()'s int64 copy of each
         values = {
             "pg_loss": loss.detach(),
             "ppo_kl": -log_w.sum() / n,
@@ -575,7 +575,9 @@ def _metrics(loss: torch.Tensor, out: TokenLoss, log_w: torch.Tensor, mask: torc
         }
         for key in ("clip_high", "clip_low", "clip_dual"):
             branch = getattr(out, key)
-            values[key.replace("clip_", "clipfrac_")] = branch.sum() / n if branch is not None else torch.zeros_like(n)
+            values[key.replace("clip_", "clipfrac_")] = (
+                torch.count_nonzero(branch) / n if branch is not None else torch.zeros((), device=n.device)
+            )
         if out.kl is not None:
             values["kl"] = out.kl.sum() / n
         numbers = torch.stack([v.to(torch.float64) for v in values.values()]).tolist()

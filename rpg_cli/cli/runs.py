@@ -90,7 +90,9 @@ def runs_command(
         fail("runs", e)
     try:
         stale = reconcile_shown("runs", store, store.runs(sweep=sweep_name), address, runs_dir)
-        rows = runs_summary(store, sweep_name, wanted, where or [])
+        # a table of sweeps shows no run's reward, accuracy or pace: not read when the table will be one
+        detail_limit = SUMMARIZE_ABOVE if output_format == "table" and not show_all else None
+        rows = runs_summary(store, sweep_name, wanted, where or [], detail_limit=detail_limit)
         changed = store.changed_files(r["id"] for r in rows)  # the marker !
     except ReportError as e:
         fail("runs", e)

@@ -348,16 +348,16 @@ def eta_seconds(steps: Any, last_step: int | None, s_per_step: float | None) -> 
 
 
 def run_costs(
-    store: Store, runs: Sequence[RunRecord], now: datetime, steps: dict[str, int] | None = None
+    store: Store, runs: Sequence[RunRecord], now: datetime, steps: dict[str, int] | None = None, pace: bool = True
 ) -> dict[str, RunCost]:
     """Each run's `RunCost`: its pace, throughput, device-hours and (live runs) ETA; `steps`: its last steps when
-    the caller has read them (`Store.last_steps`)."""
+    the caller has read them (`Store.last_steps`). `pace` False: device-hours only (no step times are read)."""
     ids = [r.id for r in runs]
     if not ids:
         return {}
     steps = store.last_steps(ids) if steps is None else steps
-    times = store.step_times(ids, last=PACE_STEPS)
-    throughput = store.latest_values(ids, [THROUGHPUT])
+    times = store.step_times(ids, last=PACE_STEPS) if pace else {}
+    throughput = store.latest_values(ids, [THROUGHPUT]) if pace else {}
     out = {}
     for r in runs:
         pace = statistics.median(times[r.id]) if times.get(r.id) else None
@@ -373,6 +373,7 @@ def runs_summary(
     status: Sequence[str] | None = None,
     where: Sequence[str] = (),
     now: datetime | None = None,
+    detail_limit: int | None = None,
 ) -> list[dict[str, Any]]:
     """The columns a user scans first, one dict per run: sweep, name, id, seed, status, attempts, step
     (last step logged), reward (last critic/score/mean), val (the mean over benchmarks of each one's
@@ -382,20 +383,23 @@ def runs_summary(
     PACE_STEPS steps), tokens_s_per_device (its last perf/throughput), device_hours (so far: `device_hours`),
     eta_s (a live run's seconds to its last step at that pace); and for a running run that has stalled
     (rpg_cli/watch.py: no new metrics for the spec's watch.stall), stalled_s (since its metrics last advanced) and
-    last_line (the last line of its output). A time rpg did not see is None."""
+    last_line (the last line of its output). A time rpg did not see is None. `detail_limit`: above this many runs,
+    what only a row per run shows (reward, val, s_per_step, tokens_s_per_device, eta_s) is None, not read
+    (a table of sweeps does not show it; None: always read)."""
     filters = parse_where(where)
     runs = [
         r for r in store.runs(sweep=sweep, status=list(status) if status else None) if spec_matches(r.spec, filters)
     ]
     ids = [r.id for r in runs]
     steps = store.last_steps(ids) if ids else {}
-    val = pick_val_keys(val_keys(store, ids), "mean", None) if ids else {}
-    latest = store.latest_values(ids, [REWARD, *val]) if ids else {}
+    detail = detail_limit is None or len(runs) <= detail_limit
+    val = pick_val_keys(val_keys(store, ids), "mean", None) if ids and detail else {}
+    latest = store.latest_values(ids, [REWARD, *val]) if ids and detail else {}
     now = now or datetime.now(timezone.utc).replace(tzinfo=None)
     running = [r for r in runs if r.status == "running"]
     facts = store.stall_facts(r.id for r in running) if running else {}
     stalls = {r.id: stalled(r.spec, r.run_dir, steps.get(r.id), *facts[r.id], now) for r in running}
-    costs = run_costs(store, runs, now, steps)
+    costs = run_costs(store, runs, now, steps, pace=detail)
     out = []
     for r in runs:
         values = latest.get(r.id, {})

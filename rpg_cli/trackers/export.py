@@ -62,7 +62,8 @@ def eval_metrics(rows: Iterable[Mapping[str, Any]]) -> dict[int, dict[str, float
 
     The one place eval rows become tracker values. Scores of one run under several sampling protocols
     (schema.PROTOCOL) never share a key: the protocol with the most rows keeps the plain keys, the others
-    get theirs as a last part (`.../mean@8/n8_T0.6_top_p0.95_max1024_seed0`).
+    get theirs as a part before the metric (`.../dapo/n8_T0.6_top_p0.95_max1024_seed0/mean@8`). No key is
+    another's prefix (`mean@8` beside `mean@8/...`): MLflow's file store keeps a key as a file path.
     """
     rows = [row for row in rows if row["scorer"] not in SKIPPED_SCORERS]
     counts: dict[str, int] = {}
@@ -72,9 +73,8 @@ def eval_metrics(rows: Iterable[Mapping[str, Any]]) -> dict[int, dict[str, float
     out: dict[int, dict[str, float]] = {}
     for row in rows:
         metric = str(row["metric"]).replace("@k", f"@{row['k']}")
-        key = f"eval/{row['benchmark']}/{row['scorer']}/{metric}"
-        if (tag := protocol_tag(row)) != plain:
-            key += f"/{tag}"
+        tag = protocol_tag(row)
+        key = f"eval/{row['benchmark']}/{row['scorer']}/{'' if tag == plain else tag + '/'}{metric}"
         out.setdefault(int(row["step"]), {})[key] = math.nan if row["value"] is None else float(row["value"])
     return out
 
@@ -86,7 +86,7 @@ def protocol_tag(row: Mapping[str, Any]) -> str:
 
 def with_intervals(evals: list[Mapping[str, Any]], problems: Iterable[Any]) -> list[Mapping[str, Any]]:
     """The eval rows, and for each mean@n (k = n) whose samples are stored (`Store.problem_scores`) the
-    bounds of its 95% interval as rows `mean@k/ci_low` and `mean@k/ci_high`: one run's evaluation, so
+    bounds of its 95% interval as rows `mean@k_ci_low` and `mean@k_ci_high`: one run's evaluation, so
     the interval covers the sampling of the benchmark's problems (rpg_cli.stats; seeds: `rpg report`)."""
     by_eval: dict[tuple[Any, ...], list[float]] = {}
     for p in problems:
@@ -100,7 +100,7 @@ def with_intervals(evals: list[Mapping[str, Any]], problems: Iterable[Any]) -> l
             continue
         interval = stats.score(stats.Runs({"b": np.array([accuracy])}), "b")
         out += [
-            {**row, "metric": f"{row['metric']}/ci_{side}", "value": value}
+            {**row, "metric": f"{row['metric']}_ci_{side}", "value": value}
             for side, value in (("low", interval.low), ("high", interval.high))
         ]
     return out
