@@ -122,7 +122,7 @@ def test_a_version_6_store_gains_the_device_time_columns(db_url, tmp_path):
     store = open_store(db_url, create=False)  # upgraded as `rpg runs` opens it
     try:
         with store.engine.connect() as conn:
-            assert migrations.current_version(conn, store.t) == migrations.LATEST == 7
+            assert migrations.current_version(conn, store.t) == migrations.LATEST
             assert {"held_s", "held_at"} <= {c["name"] for c in sa.inspect(conn).get_columns("runs")}
         found = {r.id: r for r in store.runs()}
         assert {i: (r.status, r.held_s, r.held_at) for i, r in found.items()} == {

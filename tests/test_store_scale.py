@@ -139,7 +139,7 @@ def _plans_of(store, call) -> list[str]:
     statements: list[tuple[str, tuple]] = []
 
     def spy(conn, cursor, statement, parameters, context, executemany):
-        if statement.lstrip().upper().startswith("SELECT") and "FROM samples" in statement:
+        if statement.lstrip().upper().startswith("SELECT") and "FROM problem_counts" in statement:
             statements.append((statement, parameters))
 
     sa.event.listen(store.engine, "before_cursor_execute", spy)
@@ -154,7 +154,7 @@ def _plans_of(store, call) -> list[str]:
     return plans
 
 
-def test_sqlite_reads_only_the_key_ranges_asked_and_never_sorts_the_samples(tmp_path):
+def test_sqlite_reads_only_the_key_ranges_asked_of_the_problem_counts(tmp_path):
     store = open_store(f"sqlite:///{tmp_path / 'results.db'}")
     try:
         store.record_plans([plan("r1", tmp_path)], "sw")
@@ -169,7 +169,7 @@ def test_sqlite_reads_only_the_key_ranges_asked_and_never_sorts_the_samples(tmp_
         for name, call in cases.items():
             (found,) = _plans_of(store, call)
             assert "USING PRIMARY KEY (run_id=?" in found, (name, found)
-            assert "GROUP BY" not in found and "SCAN samples" not in found, (name, found)
+            assert "GROUP BY" not in found and "SCAN" not in found and "samples" not in found, (name, found)
         (found,) = _plans_of(store, cases["one cell"])
         assert "(run_id=? AND step=? AND benchmark=? AND scorer=? AND n=?" in found  # the whole evaluation's range
     finally:
@@ -185,6 +185,7 @@ def test_a_version_5_store_is_upgraded_with_every_sample_kept(db_url, tmp_path):
     rows = [r for i in ("a", "b") for s in (1, 2) for r in sample_rows(i, s, "aime24", "dapo", P1, 4, rng)]
     with store.engine.begin() as conn:  # the layout version 5 wrote, holding these rows
         conn.exec_driver_sql("DROP TABLE samples")
+        conn.exec_driver_sql("DROP TABLE problem_counts")  # version 8's
         conn.exec_driver_sql(V5_SAMPLES)
         if conn.dialect.name != "sqlite":  # version 5's foreign keys (SQLite's were never enforced)
             for table in ("metrics", "evals"):
@@ -197,7 +198,7 @@ def test_a_version_5_store_is_upgraded_with_every_sample_kept(db_url, tmp_path):
     store = open_store(db_url, create=False)  # upgraded as `rpg report` opens it
     try:
         with store.engine.connect() as conn:
-            assert migrations.current_version(conn, store.t) == migrations.LATEST == 7
+            assert migrations.current_version(conn, store.t) == migrations.LATEST == 8
             assert sa.inspect(conn).get_pk_constraint("samples")["constrained_columns"] == list(SAMPLES_KEY)
             if conn.dialect.name == "sqlite":
                 ddl = conn.exec_driver_sql("SELECT sql FROM sqlite_master WHERE name = 'samples'").scalar()
@@ -310,5 +311,95 @@ def test_a_row_postgresql_refuses_for_another_reason_than_its_key_is_not_retried
             store.record_samples(broken)
         assert store.problem_scores(["ghost"]) == []
         assert store.record_samples(rows) == len(rows)  # the same connection pool, usable again
+    finally:
+        store.close()
+
+
+# ------------------------------------------------------------------------- per-problem counts (version 8)
+
+
+def stored_counts(store) -> list[tuple]:
+    with store.engine.connect() as conn:
+        return sorted(tuple(r) for r in conn.execute(sa.select(store.t.problem_counts)))
+
+
+def counted_from_samples(store) -> list[tuple]:
+    """What the samples stored say, counted afresh: what problem_counts must hold."""
+    from rpg_cli.store import counts
+
+    with store.engine.connect() as conn:
+        return sorted(tuple(r) for r in conn.execute(counts.derived(store.t, sa.true())))
+
+
+def test_the_counts_are_what_the_samples_say_however_they_were_written(db_url, tmp_path, monkeypatch):
+    """An evaluation written in pieces (a problem's samples split between writes), written again, a verdict
+    replaced: the counts follow the samples, nothing counted twice; problem_scores gives the old query's answer."""
+    from rpg_cli.store import counts
+
+    monkeypatch.setattr(counts, "PROBLEMS_PER_STATEMENT", 7)  # a write's problems over several statements
+    store = open_store(db_url)
+    try:
+        store.record_plans([plan("r", tmp_path)], "sw")
+        rows = sample_rows("r", 2, "aime24", "dapo", P1, 40, random.Random(9))  # 160 rows: COPY on PostgreSQL
+        for lo in range(0, len(rows), 70):  # pieces that cut problems in two
+            store.record_samples(rows[lo : lo + 70])
+            assert stored_counts(store) == counted_from_samples(store)
+        whole = old_scores(store, ["r"])
+        assert [tuple(r) for r in store.problem_scores(["r"])] == whole and len(whole) == 40
+        store.record_samples(rows[::-1])  # again, in another order
+        assert [tuple(r) for r in store.problem_scores(["r"])] == whole
+        flipped = {**rows[5], "correct": not rows[5]["correct"]}
+        store.record_samples([flipped])  # a part of a problem: counted from the table
+        assert stored_counts(store) == counted_from_samples(store)
+        first = [r for r in rows if r["problem"] == rows[0]["problem"]]  # a whole problem twice: the last copy wins
+        store.record_samples(first + [{**r, "correct": True} for r in first])
+        assert stored_counts(store) == counted_from_samples(store)
+        assert [tuple(r) for r in store.problem_scores(["r"])] == old_scores(store, ["r"]) != whole
+    finally:
+        store.close()
+
+
+def test_samples_and_their_counts_are_written_together_or_not_at_all(db_url, tmp_path, monkeypatch):
+    from rpg_cli.store import counts
+
+    store = open_store(db_url)
+    try:
+        store.record_plans([plan("r", tmp_path)], "sw")
+        rows = sample_rows("r", 2, "aime24", "dapo", P1, 3, random.Random(2))
+
+        def fails(*args):
+            raise sa.exc.OperationalError("INSERT INTO problem_counts", {}, Exception("disk I/O error"))
+
+        monkeypatch.setattr(counts, "refresh", fails)
+        with pytest.raises(sa.exc.OperationalError):
+            store.record_samples(rows)
+        monkeypatch.undo()
+        assert stored_counts(store) == counted_from_samples(store) == []  # no sample kept without its count
+        store.record_samples(rows)
+        assert stored_counts(store) == counted_from_samples(store) != []
+    finally:
+        store.close()
+
+
+def test_a_version_7_store_gains_its_counts_from_the_samples_it_holds(db_url, tmp_path):
+    rng = random.Random(4)
+    store = open_store(db_url)
+    try:
+        store.record_plans([plan(i, tmp_path) for i in ("a", "b")], "sw")
+        for run_id in ("a", "b"):
+            for step in (1, 2):
+                store.record_samples(sample_rows(run_id, step, "aime24", "dapo", P1, 6, rng))
+        before = old_scores(store, ["a", "b"])
+        with store.engine.begin() as conn:  # what version 7 wrote: no counts
+            conn.exec_driver_sql("DROP TABLE problem_counts")
+            conn.exec_driver_sql("UPDATE schema_version SET version = 7")
+    finally:
+        store.close()
+    store = open_store(db_url, create=False)  # upgraded as `rpg report` opens it
+    try:
+        with store.engine.connect() as conn:
+            assert migrations.current_version(conn, store.t) == migrations.LATEST == 8
+        assert stored_counts(store) == counted_from_samples(store) and stored_counts(store)
+        assert [tuple(r) for r in store.problem_scores(["a", "b"])] == before
     finally:
         store.close()

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from collections import defaultdict
 from collections.abc import Collection, Mapping, Sequence
+from operator import attrgetter
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -61,8 +62,9 @@ class Evidence:
             rows = self._store.problem_scores(
                 list(wanted), benchmark=bench, scorer=origin.scorer, steps=wanted, protocol=protocol
             )
+            protocol_of = attrgetter(*PROTOCOL)
             for row in rows:
-                if tuple(getattr(row, name) for name in PROTOCOL) != expected:
+                if protocol_of(row) != expected:
                     continue  # never another protocol's samples, whatever the store was asked
                 value = row.accuracy
                 if origin.stat == "pass":

@@ -3,6 +3,7 @@ models, contexts, benchmarks, and the rows' order."""
 
 from __future__ import annotations
 
+import functools
 import json
 from collections import defaultdict
 from collections.abc import Sequence
@@ -78,10 +79,16 @@ def model_name(spec: dict[str, Any]) -> str:
 
 def context_name(spec: dict[str, Any]) -> str:
     """ "2K" as the paper writes it, or "64+32" for explicit token budgets."""
+    context = spec.get("context")
+    return "?" if context is None else _context_name(json.dumps(context, sort_keys=True))
+
+
+@functools.lru_cache(maxsize=64)
+def _context_name(context: str) -> str:
+    """context_name of a context as JSON: a few distinct ones among thousands of runs, each worded once."""
     from rpg_cli.spec import context_label
 
-    context = spec.get("context")
-    return "?" if context is None else context_label(context).upper()
+    return context_label(json.loads(context)).upper()
 
 
 def _variant_fields(spec: dict[str, Any]) -> dict[str, Any]:
@@ -115,14 +122,17 @@ def method_labels(specs: dict[str, dict[str, Any]]) -> dict[str, str]:
         groups[(method_base(spec), model_name(spec), context_name(spec))].append(run_id)
     labels = {}
     for (base, _, _), ids in groups.items():
-        fields = [_variant_fields(specs[i]) for i in ids]
-        keys = sorted({k for f in fields for k in f})
-        varying = [k for k in keys if len({json.dumps(f.get(k), sort_keys=True) for f in fields}) > 1]
+        settings = [json.dumps(_variant_fields(specs[i]), sort_keys=True) for i in ids]
+        distinct = [json.loads(text) for text in dict.fromkeys(settings)]  # a cell's seeds share one
+        keys = sorted({k for f in distinct for k in f})
+        varying = [k for k in keys if len({json.dumps(f.get(k), sort_keys=True) for f in distinct}) > 1]
         # optimizer and clip first (the paper's own axes), then the rest alphabetically
         varying.sort(key=lambda k: ({"clip": 0, "optimizer": 1}.get(k, 2), k))
-        for run_id, f in zip(ids, fields):
-            parts = [_variant_text(k, f.get(k), [g.get(k) for g in fields]) for k in varying]
-            labels[run_id] = _with_notes(base, parts)
+        label = {
+            text: _with_notes(base, [_variant_text(k, f.get(k), [g.get(k) for g in distinct]) for k in varying])
+            for text, f in zip(dict.fromkeys(settings), distinct)
+        }
+        labels.update((run_id, label[text]) for run_id, text in zip(ids, settings))
     return labels
 
 

@@ -38,20 +38,21 @@ def insert_new(dialect: str, table: sa.Table) -> Any:
     raise StoreError(f"rpg's store supports SQLite, PostgreSQL and MySQL URLs, not {dialect!r}; change --db")
 
 
-def upsert(dialect: str, table: sa.Table) -> Any:
-    """INSERT ... ON CONFLICT (primary key) DO UPDATE, in the dialect's own words."""
+def upsert(dialect: str, table: sa.Table, select: sa.Select | None = None) -> Any:
+    """INSERT ... ON CONFLICT (primary key) DO UPDATE, in the dialect's own words; with `select`, of the rows it
+    makes (INSERT ... SELECT: its columns in the table's column order)."""
     keys = [c.name for c in table.primary_key.columns]
-    if dialect in ("sqlite", "postgresql"):
-        stmt = _dialect_insert(dialect)(table)
+    names = [c.name for c in table.columns]
+    if dialect in ("sqlite", "postgresql", "mysql", "mariadb"):
+        if dialect in ("mysql", "mariadb"):
+            from sqlalchemy.dialects.mysql import insert
+        else:
+            insert = _dialect_insert(dialect)
+        stmt = insert(table) if select is None else insert(table).from_select(names, select)
+        if dialect in ("mysql", "mariadb"):
+            return stmt.on_duplicate_key_update({n: stmt.inserted[n] for n in names if n not in keys})
         return stmt.on_conflict_do_update(
-            index_elements=keys, set_={c.name: stmt.excluded[c.name] for c in table.columns if c.name not in keys}
-        )
-    if dialect in ("mysql", "mariadb"):
-        from sqlalchemy.dialects.mysql import insert
-
-        stmt = insert(table)
-        return stmt.on_duplicate_key_update(
-            {c.name: stmt.inserted[c.name] for c in table.columns if c.name not in keys}
+            index_elements=keys, set_={n: stmt.excluded[n] for n in names if n not in keys}
         )
     raise StoreError(f"rpg's store supports SQLite, PostgreSQL and MySQL URLs, not {dialect!r}; change --db")
 

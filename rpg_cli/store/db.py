@@ -24,10 +24,10 @@ import sqlalchemy as sa
 from rpg_cli import cost, rundir
 from rpg_cli.metrics import DIVERGED_KEYS, STEP_TIME
 from rpg_cli.states import STATUSES, TERMINAL
-from rpg_cli.store import bulk
+from rpg_cli.store import bulk, counts
 from rpg_cli.store.ingestion import Ingestion, utc_now
 from rpg_cli.store.queries import Queries
-from rpg_cli.store.schema import PROTOCOL, schema
+from rpg_cli.store.schema import PROTOCOL, Schema, schema
 from rpg_cli.store.url import (
     RUN_AGAIN,
     StoreError,
@@ -444,7 +444,7 @@ class Store(Ingestion, Queries):
         """Upsert scored samples: dicts with run_id, step, benchmark, problem (its fingerprint),
         sample_index, scorer, the protocol (n, temperature, top_p, max_tokens, seed), position,
         extracted, correct, response_length."""
-        return self._upsert_rows(self.t.samples, _with_protocol(rows))
+        return self._upsert_rows(self.t.samples, _with_protocol(rows), then=counts.refresh)
 
     @contextlib.contextmanager
     def _write(self) -> Iterator[sa.Connection]:
@@ -465,10 +465,16 @@ class Store(Ingestion, Queries):
                 ) from None
             raise
 
-    def _upsert_rows(self, table: sa.Table, rows: Iterable[Mapping[str, Any]]) -> int:
+    def _upsert_rows(
+        self,
+        table: sa.Table,
+        rows: Iterable[Mapping[str, Any]],
+        then: Callable[[sa.Connection, Schema, list[tuple[Any, ...]]], None] | None = None,
+    ) -> int:
         """Upsert dict rows (a column a row lacks: NULL) as tuples through bulk.py, in primary-key order: two
         processes writing overlapping rows (two `rpg eval` of one checkpoint) then lock them in the same order,
-        and wait for each other instead of deadlocking."""
+        and wait for each other instead of deadlocking. `then(conn, tables, tuples)`: what the same transaction
+        writes after them (the samples' per-problem counts)."""
         rows = list(rows)
         names = table.columns.keys()
         try:
@@ -479,6 +485,8 @@ class Store(Ingestion, Queries):
         if tuples:
             with self._write() as conn:
                 bulk.bulk_upsert(conn, table, tuples)
+                if then is not None:
+                    then(conn, self.t, tuples)
         return len(tuples)
 
     def _insert_new(self, table: sa.Table) -> Any:

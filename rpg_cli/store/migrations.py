@@ -16,6 +16,7 @@ from typing import Any
 
 import sqlalchemy as sa
 
+from rpg_cli.store import counts
 from rpg_cli.store.schema import SAMPLES_KEY, STATUS_CHECK, Schema, schema, status_check
 from rpg_cli.store.url import StoreError
 
@@ -219,6 +220,12 @@ def _to_v7(conn: sa.Connection) -> None:
         )
 
 
+def _to_v8(conn: sa.Connection) -> None:
+    """Version 8: each evaluation's problems with their samples counted (problem_counts, kept with the samples
+    from now on: counts.py), filled from the samples stored, so that a report reads a row per problem."""
+    counts.backfill(conn, schema())
+
+
 # version -> the upgrade from version - 1
 MIGRATIONS: dict[int, Callable[[sa.Connection], None]] = {
     2: _to_v2,
@@ -227,6 +234,7 @@ MIGRATIONS: dict[int, Callable[[sa.Connection], None]] = {
     5: _to_v5,
     6: _to_v6,
     7: _to_v7,
+    8: _to_v8,
 }
 LATEST = max(MIGRATIONS, default=1)
 

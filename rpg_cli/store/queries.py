@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 
 import sqlalchemy as sa
 
-from rpg_cli.store.schema import PROTOCOL, SAMPLES_KEY
+from rpg_cli.store.schema import PROBLEM_KEY, PROTOCOL
 
 if TYPE_CHECKING:
     from rpg_cli.store.schema import Schema
@@ -306,27 +306,25 @@ class Queries:
         stored count (an interrupted evaluation has the others still to come). Ordered by run, step,
         benchmark, scorer, protocol, position.
 
-        Reads only what is asked: the samples' key starts with the evaluation (schema.SAMPLES_KEY), so the
-        (run, step)s asked for are key ranges, grouped in key order (no sort of the samples; only the grouped
-        rows, one per problem, are sorted by position). Runs asked for the same steps share one query;
-        PROBLEM_KEYS runs at most each (the driver's parameter limit).
+        Reads only what is asked, a row per problem: the problems' counts (schema v8, counts.py: kept as the
+        samples are written) are keyed by evaluation first, so the (run, step)s asked for are key ranges (only
+        the rows read are sorted by position). Runs asked for the same steps share one query; PROBLEM_KEYS runs
+        at most each (the driver's parameter limit).
         """
-        s = self.t.samples.c
-        evaluation = [s[name] for name in ("run_id", "step", "benchmark", "scorer", *PROTOCOL)]
+        p = self.t.problem_counts.c
+        evaluation = [p[name] for name in ("run_id", "step", "benchmark", "scorer", *PROTOCOL)]
         fixed = {"step": step, "benchmark": benchmark, "scorer": scorer, **(protocol or {})}
-        correct = sa.func.sum(sa.case((s.correct, 1), else_=0))
         base = (
-            sa.select(*evaluation, s.problem, sa.func.min(s.position), correct, sa.func.count())
-            .group_by(*evaluation, s.problem)
-            .having(sa.func.count() == s.n)
-            .order_by(*evaluation, sa.func.min(s.position), s.problem)
+            sa.select(*evaluation, p.problem, p.position, p.correct, p.samples)
+            .where(p.samples == p.n)
+            .order_by(*evaluation, p.position, p.problem)
         )
         asks = _step_groups(sorted(set(run_ids)), steps, step)
         out: list[ProblemScore] = []
         with self.engine.connect() as conn:
             for ids, wanted in asks:
-                filters = _key_filters(self.t.samples, conn.dialect.name, ids, wanted, fixed)
-                rows = conn.execute(base.where(*filters))
+                filters = _key_filters(self.t.problem_counts, conn.dialect.name, ids, wanted, fixed)
+                rows = conn.execute(base.where(*filters)).all()  # whole: iterating fetches a row at a time
                 out.extend(ProblemScore(*row[:-2], row[-2] / row[-1]) for row in rows)
             if len(asks) > 1:  # the pieces in the database's order of runs (its collation), each run's kept
                 rank = {run_id: i for i, run_id in enumerate(self._run_order(conn, run_ids))}
@@ -370,7 +368,7 @@ def _key_filters(
     c = table.c
     filters = [c.run_id.in_(ids)]
     prefix = True
-    for name in SAMPLES_KEY[1:]:
+    for name in PROBLEM_KEY[1:]:
         if name == "step" and steps is not None:
             filters.append(c.step.in_(steps))
             continue

@@ -15,6 +15,8 @@ metric_files  how far each run's metrics.jsonl has been read, and which file tha
 evals         (run, step, benchmark, metric, k, scorer, protocol) -> value, scorer_version
 samples       (run, step, benchmark, scorer, protocol, problem, sample_index) -> position, extracted,
               correct, length; `problem` is a fingerprint of the prompt and the ground truth
+problem_counts  (run, step, benchmark, scorer, protocol, problem) -> position, correct, samples (v8): the
+              samples of each problem counted, kept with them as they are written (counts.py)
 schema_version  one row: the version of this layout (see migrations.py)
 
 The widths of the columns a job's files fill, and the range of an integer, are ingest.py's limits: what
@@ -45,12 +47,15 @@ class Schema(NamedTuple):
     metric_files: sa.Table
     evals: sa.Table
     samples: sa.Table
+    problem_counts: sa.Table
     schema_version: sa.Table
 
 
 PROTOCOL = ("n", "temperature", "top_p", "max_tokens", "seed")
 # the samples' primary key, in its order (v6): an evaluation's rows, then each problem's, are key ranges
 SAMPLES_KEY = ("run_id", "step", "benchmark", "scorer", *PROTOCOL, "problem", "sample_index")
+# the per-problem counts' key (v8): the samples' less the sample
+PROBLEM_KEY = SAMPLES_KEY[:-1]
 CHANGED_CHARS = 300  # metric_files.changed: one line
 STATUS_CHECK = "runs_status"  # the constraint that keeps runs.status one of states.STATUSES
 
@@ -177,5 +182,22 @@ def schema() -> Schema:
         sa.PrimaryKeyConstraint(*SAMPLES_KEY, name="samples_pkey"),
         sqlite_with_rowid=False,
     )
+    # v8: each evaluation's problems, their samples counted (counts.py keeps them with the samples), so that a
+    # report reads a row per problem, not one per sample; keyed as the samples, WITHOUT ROWID likewise
+    problem_counts = sa.Table(
+        "problem_counts",
+        md,
+        sa.Column("run_id", sa.String(64)),
+        sa.Column("step", sa.Integer),
+        sa.Column("benchmark", sa.String(NAME_CHARS)),
+        sa.Column("scorer", sa.String(NAME_CHARS)),
+        *protocol_columns(key=False),
+        sa.Column("problem", sa.String(PROBLEM_CHARS)),
+        sa.Column("position", sa.Integer),  # the lowest of its samples' (one, as `rpg eval` writes them)
+        sa.Column("correct", sa.Integer, nullable=False),  # its samples judged correct
+        sa.Column("samples", sa.Integer, nullable=False),  # its samples stored (all n: a complete problem)
+        sa.PrimaryKeyConstraint(*PROBLEM_KEY, name="problem_counts_pkey"),
+        sqlite_with_rowid=False,
+    )
     schema_version = sa.Table("schema_version", md, sa.Column("version", sa.Integer, nullable=False))
-    return Schema(md, sweeps, runs, sweep_runs, metrics, metric_files, evals, samples, schema_version)
+    return Schema(md, sweeps, runs, sweep_runs, metrics, metric_files, evals, samples, problem_counts, schema_version)
