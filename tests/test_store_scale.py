@@ -271,6 +271,9 @@ def test_metrics_of_a_live_and_a_finished_run_ingest_alike_on_both_dialects(db_u
         series = store.series(["r"], ["a", "b", "c"])
         assert series[("r", "a")][1][6] == 700.0 and len(series[("r", "a")][0]) == 100
         assert 5 not in series[("r", "c")][0]  # NaN: stored as NULL, left out of curves
+        with pytest.MonkeyPatch.context() as mp:  # fetched in pieces that cut a curve: the same curves
+            mp.setattr("rpg_cli.store.queries.SERIES_CHUNK", 7)
+            assert store.series(["r"], ["a", "b", "c"]) == series
         store.set_status("r", "succeeded")
         more = [{"step": 7, "data": {"a": -1.0, "d": 1.0}}] + [{"step": s, "data": {"a": s}} for s in range(101, 201)]
         with open(path, "a") as f:

@@ -3,6 +3,8 @@ project lives in this package. Callers decide what to ask (which scorer, which k
 
 from __future__ import annotations
 
+import itertools
+import operator
 from collections.abc import Collection, Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, NamedTuple
 
@@ -13,6 +15,7 @@ from rpg_cli.store.schema import PROBLEM_KEY, PROTOCOL
 if TYPE_CHECKING:
     from rpg_cli.store.schema import Schema
 
+SERIES_CHUNK = 50_000  # rows per fetch of series(): a plot's millions of values without holding them twice
 PROBLEM_KEYS = 5000  # runs or (run, step) pairs per query of problem_scores: under SQLite's 32,766 parameters
 Protocol = Mapping[str, Any]  # n, temperature, top_p, max_tokens, seed (schema.PROTOCOL): how samples were drawn
 
@@ -217,10 +220,15 @@ class Queries:
         )
         out: dict[tuple[str, str], tuple[list[int], list[float]]] = {}
         with self.engine.connect() as conn:
-            for run_id, key, step, value in conn.execute(query):
-                steps, values = out.setdefault((run_id, key), ([], []))
-                steps.append(step)
-                values.append(value)
+            # millions of rows for a plot of thousands of runs: the driver's plain tuples (these columns need no
+            # conversion), a (run, key)'s rows together as they come in key order; half the time of Row objects
+            cursor = conn.execute(query).cursor
+            while chunk := cursor.fetchmany(SERIES_CHUNK):
+                for (run_id, key), rows in itertools.groupby(chunk, key=operator.itemgetter(0, 1)):
+                    steps, values = out.setdefault((run_id, key), ([], []))
+                    for _, _, step, value in rows:
+                        steps.append(step)
+                        values.append(value)
         return out
 
     # -- samples and scores of one evaluation (`rpg eval`) -----------------------------------------
