@@ -213,7 +213,20 @@ def local_head(
             return None
         if head is not None:  # ours, but no longer answering: clear what is left of it
             _kill_head_processes(head)
-        return _start_head(head_dir, num_cpus, num_gpus, timeout_s)
+        deadline, attempt = time.monotonic() + timeout_s, 1
+        while True:
+            try:
+                return _start_head(head_dir, num_cpus, num_gpus, max(deadline - time.monotonic(), 1.0))
+            except ClusterError as exc:
+                if RAY_STARTUP_TIMEOUT not in str(exc) or attempt == START_ATTEMPTS or time.monotonic() > deadline:
+                    raise
+                attempt += 1
+
+
+# Ray waits a fixed 30 s for its raylet to register (ray/_private/node.py); a machine busy for longer (a laptop
+# compiling, a loaded login node) fails `ray start` with this, and a second start usually gets through
+RAY_STARTUP_TIMEOUT = "timed out during startup"
+START_ATTEMPTS = 2
 
 
 def _free_ports(n: int) -> list[int]:
