@@ -38,8 +38,9 @@ $(STAMP): pyproject.toml constraints.txt Makefile
 test: $(STAMP)
 	$(PY) -m pytest -q -n 2 --dist loadfile -m "not cluster"
 
-# the tests that start a Slurm cluster (one node, and two in network namespaces) or a two-node Ray cluster;
-# each skips in one line where it cannot (no Slurm, not root); CI runs them beside `make test`
+# the tests that start a Slurm cluster (one node, and two in network namespaces), a two-node Ray cluster, or a
+# local Ray head for a whole run or evaluation (make test stays near 6 minutes); each skips in one line where it
+# cannot (no Slurm, not root); CI runs them beside `make test`
 test-cluster: $(STAMP)
 	$(PY) -m pytest -q -n 2 --dist loadfile -m cluster
 

@@ -180,6 +180,7 @@ def planned_ids(toy) -> list[str]:
 
 
 @pytest.mark.slow
+@pytest.mark.cluster  # a real Ray head and a whole run: make test-cluster
 def test_a_stand_in_backend_runs_a_sweep_to_succeeded_on_a_local_head(toy):
     pytest.importorskip("ray.job_submission", reason="rpg sweep needs ray[default]")
     from rpg_cli.orchestration.head import _head_dir, _temp_dir, local_head, stop_local_head

@@ -430,6 +430,7 @@ def test_slurm_that_does_not_answer_gives_no_hint(tmp_path, monkeypatch):
 
 
 @pytest.mark.slow
+@pytest.mark.cluster  # a real Ray head and a whole run: make test-cluster
 def test_a_run_the_real_head_does_not_know_is_refused_and_its_own_job_keeps_running(tmp_path):
     """A real local head with one job of this user's; a run recorded by another user (another head): the
     sweep's cancel is refused and stops nothing; the run of this user's is then stopped by name."""
@@ -653,6 +654,7 @@ grid:
 
 
 @pytest.mark.slow
+@pytest.mark.cluster  # a real Ray head and a whole run: make test-cluster
 def test_graceful_cancel_of_a_toy_run_on_a_real_head_saves_the_step_it_was_in(tmp_path, monkeypatch):
     """The local backend's toy run under `rpg sweep` on a real local head: asked through the CLI, it ends after
     the step it is in with that step's checkpoint (save_every is 1000: only the stop can have saved it), its job

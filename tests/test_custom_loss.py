@@ -319,6 +319,7 @@ include:
 
 
 @pytest.mark.slow
+@pytest.mark.cluster  # a real Ray head and a whole run: make test-cluster
 def test_a_custom_loss_runs_beside_grpo_through_rpg_sweep_and_report(tmp_path, monkeypatch):
     """The worked example as a spec's `loss` (its module found from the sweep's directory, the job's PYTHONPATH
     set from it), two steps of each run on the toy task on a real local head, and both methods in the report."""

@@ -648,6 +648,7 @@ def test_bad_input_is_one_line_exit_2_and_writes_nothing(assets, tmp_path, case,
 
 
 @pytest.mark.slow
+@pytest.mark.cluster  # a real Ray head and a whole run: make test-cluster
 def test_eval_runs_as_a_ray_job_on_the_local_head(assets, tmp_path):
     pytest.importorskip("ray.job_submission", reason="the Ray job path needs ray[default]")
     from rpg_cli.orchestration.head import stop_local_head
@@ -682,6 +683,7 @@ def test_eval_runs_as_a_ray_job_on_the_local_head(assets, tmp_path):
 
 
 @pytest.mark.slow
+@pytest.mark.cluster  # a real Ray head and a whole run: make test-cluster
 def test_an_eval_job_never_sees_the_store_password(assets, tmp_path, postgres_db, monkeypatch):
     """`rpg eval` as a Ray job on the local head, the store a PostgreSQL database whose URL (in $RPG_DB,
     as the README says) holds a password: the samples reach the store, and the password is nowhere Ray
