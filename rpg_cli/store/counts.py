@@ -55,6 +55,8 @@ def refresh(conn: sa.Connection, t: Schema, rows: Sequence[tuple[Any, ...]]) -> 
         else:
             partial.setdefault(key[:-1], set()).add(key[-1])
     bulk.bulk_upsert(conn, t.problem_counts, whole)  # in key order, as the rows came
+    if not partial:
+        return
     statement = bulk.upsert(conn.dialect.name, t.problem_counts, derived(t, *_evaluation_filters(t)))
     for key, problems in sorted(partial.items()):
         fixed = {f"k_{name}": value for name, value in zip(PROBLEM_KEY[:-1], key)}
