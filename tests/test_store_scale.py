@@ -271,6 +271,7 @@ def test_metrics_of_a_live_and_a_finished_run_ingest_alike_on_both_dialects(db_u
         series = store.series(["r"], ["a", "b", "c"])
         assert series[("r", "a")][1][6] == 700.0 and len(series[("r", "a")][0]) == 100
         assert 5 not in series[("r", "c")][0]  # NaN: stored as NULL, left out of curves
+        assert store.logged_keys(["x", "r"], ["zz", "c", "a"]) == {"a", "c"} and store.logged_keys([], ["a"]) == set()
         with pytest.MonkeyPatch.context() as mp:  # fetched in pieces that cut a curve: the same curves
             mp.setattr("rpg_cli.store.queries.SERIES_CHUNK", 7)
             assert store.series(["r"], ["a", "b", "c"]) == series
