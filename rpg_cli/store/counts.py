@@ -3,9 +3,10 @@ beside the samples as they are written, so that a report reads one row per probl
 (`queries.problem_scores`: a store of 10M samples at 32 a problem holds 320k problems).
 
 Derived, never incremented: after samples are written, the counts of the (evaluation, problem)s they touch are
-computed again from the samples table, in the same transaction. The same samples written twice, a sample's
-verdict replaced, an evaluation written in pieces: the counts are what the samples say, and a transaction that
-fails writes neither.
+computed again, in the same transaction: from the rows written when they are the problem's n samples whole (the
+table then holds exactly those), else from the samples table. The same samples written twice, a sample's verdict
+replaced, an evaluation written in pieces: the counts are what the samples say, and a transaction that fails
+writes neither.
 """
 
 from __future__ import annotations
