@@ -123,14 +123,15 @@ def method_labels(specs: dict[str, dict[str, Any]]) -> dict[str, str]:
     labels = {}
     for (base, _, _), ids in groups.items():
         settings = [json.dumps(_variant_fields(specs[i]), sort_keys=True) for i in ids]
-        distinct = [json.loads(text) for text in dict.fromkeys(settings)]  # a cell's seeds share one
-        keys = sorted({k for f in distinct for k in f})
-        varying = [k for k in keys if len({json.dumps(f.get(k), sort_keys=True) for f in distinct}) > 1]
+        distinct = {text: json.loads(text) for text in dict.fromkeys(settings)}  # a cell's seeds share one
+        fields = list(distinct.values())
+        keys = sorted({k for f in fields for k in f})
+        varying = [k for k in keys if len({json.dumps(f.get(k), sort_keys=True) for f in fields}) > 1]
         # optimizer and clip first (the paper's own axes), then the rest alphabetically
         varying.sort(key=lambda k: ({"clip": 0, "optimizer": 1}.get(k, 2), k))
         label = {
-            text: _with_notes(base, [_variant_text(k, f.get(k), [g.get(k) for g in distinct]) for k in varying])
-            for text, f in zip(dict.fromkeys(settings), distinct)
+            text: _with_notes(base, [_variant_text(k, f.get(k), [g.get(k) for g in fields]) for k in varying])
+            for text, f in distinct.items()
         }
         labels.update((run_id, label[text]) for run_id, text in zip(ids, settings))
     return labels

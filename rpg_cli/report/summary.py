@@ -348,16 +348,20 @@ def eta_seconds(steps: Any, last_step: int | None, s_per_step: float | None) -> 
 
 
 def run_costs(
-    store: Store, runs: Sequence[RunRecord], now: datetime, steps: dict[str, int] | None = None, pace: bool = True
+    store: Store,
+    runs: Sequence[RunRecord],
+    now: datetime,
+    steps: dict[str, int] | None = None,
+    with_pace: bool = True,
 ) -> dict[str, RunCost]:
     """Each run's `RunCost`: its pace, throughput, device-hours and (live runs) ETA; `steps`: its last steps when
-    the caller has read them (`Store.last_steps`). `pace` False: device-hours only (no step times are read)."""
+    the caller has read them (`Store.last_steps`). `with_pace` False: device-hours only (no step times are read)."""
     ids = [r.id for r in runs]
     if not ids:
         return {}
     steps = store.last_steps(ids) if steps is None else steps
-    times = store.step_times(ids, last=PACE_STEPS) if pace else {}
-    throughput = store.latest_values(ids, [THROUGHPUT]) if pace else {}
+    times = store.step_times(ids, last=PACE_STEPS) if with_pace else {}
+    throughput = store.latest_values(ids, [THROUGHPUT]) if with_pace else {}
     out = {}
     for r in runs:
         pace = statistics.median(times[r.id]) if times.get(r.id) else None
@@ -399,7 +403,7 @@ def runs_summary(
     running = [r for r in runs if r.status == "running"]
     facts = store.stall_facts(r.id for r in running) if running else {}
     stalls = {r.id: stalled(r.spec, r.run_dir, steps.get(r.id), *facts[r.id], now) for r in running}
-    costs = run_costs(store, runs, now, steps, pace=detail)
+    costs = run_costs(store, runs, now, steps, with_pace=detail)
     out = []
     for r in runs:
         values = latest.get(r.id, {})
