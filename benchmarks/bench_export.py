@@ -31,6 +31,8 @@ from collections.abc import Callable
 from pathlib import Path
 from types import SimpleNamespace
 
+from rpg_cli.trackers.base import RunInfo
+
 QUICK = os.environ.get("BENCH_QUICK") == "1"
 TARGET = 10.0
 
@@ -39,8 +41,8 @@ def history(steps: int, keys: int) -> dict[int, dict[str, float]]:
     return {s: {f"actor/metric_{k:02d}": (s * 31 + k) % 97 / 97 for k in range(keys)} for s in range(1, steps + 1)}
 
 
-def info(root: Path, tracker: str) -> SimpleNamespace:
-    """The RunInfo fields the writers read: a run of sweep `bench` tracked by `tracker` under `root`."""
+def info(root: Path, tracker: str) -> RunInfo:
+    """A run of sweep `bench` tracked by `tracker` under `root` (its trackers block: the fields the writers read)."""
     trackers = SimpleNamespace(
         project="bench",
         group="bench",
@@ -48,14 +50,7 @@ def info(root: Path, tracker: str) -> SimpleNamespace:
         mlflow=SimpleNamespace(tracking_uri=f"sqlite:///{root / 'mlflow.db'}") if tracker == "mlflow" else None,
         wandb=SimpleNamespace(entity=None, mode="offline") if tracker == "wandb" else None,
     )
-    return SimpleNamespace(
-        run_id=f"bench-{time.time_ns()}",
-        name="run",
-        sweep="bench",
-        config={"lr": 1e-6},
-        trackers=trackers,
-        run_dir=root,
-    )
+    return RunInfo(f"bench-{time.time_ns()}", "run", "bench", {"lr": 1e-6}, trackers, root)
 
 
 def per_value(make_writer: Callable[[Path], object], steps: dict, repeat: int) -> tuple[float, float]:
@@ -113,7 +108,7 @@ def main() -> int:
     print(f"{'tracker':18}{'export':>8}{'cpu':>7}{'live':>8}{'cpu':>7}{'ratio':>8}  verdict")
     found = writers()
     for name, (export, live) in found.items():
-        with contextlib.redirect_stderr(open(os.devnull, "w")):  # MLflow's and W&B's own start-up lines
+        with open(os.devnull, "w") as quiet, contextlib.redirect_stderr(quiet):  # MLflow's and W&B's start-up lines
             bulk = per_value(export, steps, args.repeat)
             before = per_value(live, steps, args.repeat) if live is not None else None
         shown = f"{name:18}{bulk[0] * 1e6:8.1f}{bulk[1] * 1e6:7.1f}"
