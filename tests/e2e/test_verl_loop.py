@@ -174,16 +174,16 @@ def test_the_preempted_run_resumes_at_the_next_step_with_every_row_once(workdir,
 
 def test_grpo_kl_term_is_verls_own_k3_on_the_same_tokens(workdir, resumed):
     """rpg's GRPO loss holds the clamped k3 to the frozen reference; verl computes the same estimator on the same
-    tokens as its KL loss (logged at coefficient 0): the two agree, and both grow from about 0 (step 1's update
-    is from the reference itself). About: the actor's forward need not give the sampling forward's log-probs bit
-    for bit (verl's ppo_kl at step 1 was once -1.6e-4), and k3 of such noise is ~1e-6 with rpg's expm1 while
-    verl's float32 exp(x) - x - 1 cancels it to 0; step 2's KL is ~2e-3."""
+    tokens as its KL loss (logged at coefficient 0): the two agree at every step, within 25%, or within 1e-5 where
+    both are about 0 (step 1's first update is from the reference itself; the actor's forward need not give the
+    sampling forward's log-probs bit for bit, and k3 of that noise is ~1e-6 with rpg's expm1 where verl's float32
+    exp(x) - x - 1 cancels it to 0: 1.27e-6 against 0.0 once). Runs differ: step 1's KL was 0 and 8e-4."""
     _, metrics, _ = run_of(workdir, "grpo")
     ours, verls = per_step(metrics, "actor/rpg_kl"), per_step(metrics, "actor/kl_loss")
     assert sorted(ours) == sorted(verls) == [1, 2], (ours, verls)
-    assert 0 <= ours[1] < 1e-4 and 0 <= verls[1] < 1e-4, (ours, verls)
-    assert ours[2] == pytest.approx(verls[2], rel=0.25), (ours, verls)
-    assert ours[2] > 10 * ours[1], ours
+    for step in (1, 2):
+        assert ours[step] == pytest.approx(verls[step], rel=0.25, abs=1e-5), (ours, verls)
+    assert ours[2] > 1e-4, ours
 
 
 def test_every_update_reaches_vllm(workdir, run_rpg, ray_head, resumed):
