@@ -1,3 +1,3 @@
-from rpg_cli.cli import app
+from rpg_cli.cli import main
 
-app(prog_name="rpg")
+main()

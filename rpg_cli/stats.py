@@ -17,7 +17,7 @@ given: comparisons align B to A by id).
 - A compare line: `compare(a, b, benchmark)` -> `Comparison` (B - A with its interval, P(B > A) with its
   interval, the smallest difference this design detects at 80% power, with `effect=` the seeds per
   method that detect that effect, the verdict); `.text("GRPO", "DAPO")` is the line.
-- A curve band: `curve_band([(steps, values) for each seed])` -> `Band`.
+- A curve band: `curve_band([(steps, values) for each seed])` -> `Band`; its centre alone: `curve_mean`.
 - P(B > A) is resampled; `rng_seed` (default 0) fixes its draws. Every other interval is closed-form.
 
 What an interval is about (the estimand), chosen by `fixed_problems`
@@ -378,7 +378,8 @@ def _decompose(terms: Sequence[_Term], weights: Mapping[str, float]) -> _Varianc
     for t in terms:
         for bench, y in t.blocks.items():
             w = t.sign * weights[bench]
-            grand, r, c = y.mean(), y.mean(axis=1) - y.mean(), y.mean(axis=0) - y.mean()
+            grand = y.mean()
+            r, c = y.mean(axis=1) - grand, y.mean(axis=0) - grand
             rows[t.seeds] = rows.get(t.seeds, 0.0) + w * r
             cols[(t.problems, bench)] = cols.get((t.problems, bench), 0.0) + w * c
             key = (t.seeds, t.problems, bench)
@@ -854,3 +855,20 @@ def curve_band(
         high = np.where(np.isnan(high), high, np.minimum(high, ceiling))
     steps_out = all_steps.astype(int) if np.all(all_steps == np.round(all_steps)) else all_steps
     return Band(steps_out, mean, low, high, n)
+
+
+def curve_mean(curves: Sequence[tuple[Sequence[float], Sequence[float]]]) -> tuple[Sequence[float], np.ndarray]:
+    """(steps, mean): the centre of `curve_band(curves)` without its interval (MATH.md section 8), what a plot
+    of many cells draws one unit per cell from. When every curve logged the same increasing steps (a grid's
+    seeds), the (seeds, steps) matrix is summed directly: the same sum and division as the band's, without its
+    step alignment and quantiles."""
+    steps = curves[0][0] if curves else ()
+    aligned = all(len(s) == len(v) and list(s) == list(steps) for s, v in curves)
+    if not aligned or len(steps) == 0 or np.any(np.diff(np.asarray(steps, dtype=float)) <= 0):
+        band = curve_band(curves)
+        return band.steps, band.mean
+    grid = np.array([v for _, v in curves], dtype=float)
+    if not np.isfinite(grid).all():
+        band = curve_band(curves)  # NaN marks a step not logged: the band's own alignment (or its error)
+        return band.steps, band.mean
+    return steps, grid.sum(axis=0) / len(curves)

@@ -69,3 +69,21 @@ def test_help_wraps_prose_and_keeps_examples_whole(command, columns):
     for line, after in zip(prose, prose[1:]):
         if line and after and not line.endswith((".", ":", ")")) and after[:1].islower():
             assert len(line) > columns - 25, f"ragged wrap at {columns} columns: {line!r} / {after!r}"
+
+
+def test_the_executable_keeps_the_apps_exit_status_and_leaves_its_objects_to_the_os(monkeypatch, tmp_path, capsys):
+    """`rpg` (cli.main): the app's exit status, whether it succeeded or failed; on the way out every object is
+    frozen out of the garbage collector (the interpreter's exit would otherwise walk them all)."""
+    import gc
+
+    from rpg_cli.cli import main
+
+    for argv, status in ((["rpg", "--help"], 0), (["rpg", "report", "--db", str(tmp_path / "none.db")], 2)):
+        monkeypatch.setattr(sys, "argv", argv)
+        try:
+            with pytest.raises(SystemExit) as exited:
+                main()
+            assert exited.value.code == status and gc.get_freeze_count() > 0
+        finally:
+            gc.unfreeze()
+    assert "no results database at" in capsys.readouterr().err

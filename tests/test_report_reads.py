@@ -1,6 +1,6 @@
 """`rpg report --table` (with --select-on) and `rpg compare` read only the samples they show: the store's
 `problem_scores` is asked for the steps the cells pick (Last, the val-selected step, `--step N`) of one
-benchmark under one protocol, never every checkpoint; and what they print is the same as when every
+benchmark under one protocol (`evaluation_problems`), never every checkpoint; and what they print is the same as when every
 sample of every checkpoint is read (the store asked for everything, as before). A real SQLite store,
 through the real CLI."""
 
@@ -13,6 +13,7 @@ from typer.testing import CliRunner
 
 from rpg_cli.cli import app
 from rpg_cli.orchestration.plan import RunPlan
+from rpg_cli.report.evidence import aligned
 from rpg_cli.store import open_store
 from rpg_cli.store.queries import Queries
 
@@ -68,26 +69,36 @@ def db(tmp_path):
 
 @pytest.fixture
 def asked(monkeypatch):
-    """Every call to `problem_scores` (its keyword arguments), through every Store the CLI opens."""
+    """Every call to `evaluation_problems` (what it was asked), through every Store the CLI opens."""
     calls: list[dict] = []
-    original = Queries.problem_scores
+    original = Queries.evaluation_problems
 
-    def recording(self, run_ids, step=None, benchmark=None, scorer=None, **kw):
-        calls.append({"runs": sorted(run_ids), "benchmark": benchmark, "scorer": scorer, **kw})
-        return original(self, run_ids, step, benchmark, scorer, **kw)
+    def recording(self, steps, benchmark, scorer, protocol):
+        calls.append(
+            {"runs": sorted(steps), "benchmark": benchmark, "scorer": scorer, "steps": steps, "protocol": protocol}
+        )
+        return original(self, steps, benchmark, scorer, protocol)
 
-    monkeypatch.setattr(Queries, "problem_scores", recording)
+    monkeypatch.setattr(Queries, "evaluation_problems", recording)
     return calls
 
 
 def everything(monkeypatch) -> None:
-    """The store asked as before this change: every step, benchmark and protocol of the runs."""
-    original = Queries.problem_scores
+    """The store asked as before: every step, benchmark, scorer and protocol of the runs (`problem_scores`, the
+    general query), what was asked picked out of it afterwards."""
 
-    def unfiltered(self, run_ids, step=None, benchmark=None, scorer=None, **_):
-        return original(self, run_ids, None, None, scorer)
+    def unfiltered(self, steps, benchmark, scorer, protocol):
+        out: dict = {}
+        for row in self.problem_scores(list(steps)):
+            if (row.benchmark, row.scorer) != (benchmark, scorer) or row.step not in steps[row.run_id]:
+                continue
+            if any(getattr(row, name) != value for name, value in protocol.items()):
+                continue
+            problems, correct = out.get((row.run_id, row.step), ((), ()))
+            out[(row.run_id, row.step)] = (problems + (row.problem,), correct + (round(row.accuracy * row.n),))
+        return out
 
-    monkeypatch.setattr(Queries, "problem_scores", unfiltered)
+    monkeypatch.setattr(Queries, "evaluation_problems", unfiltered)
 
 
 COMMANDS = [
@@ -139,3 +150,15 @@ def test_compare_asks_for_the_compared_step_only(db, asked):
     assert [c["benchmark"] for c in asked] == ["heldout", "toy_add"]  # one query per benchmark compared
     assert all(c["runs"] == [f"r{i:04d}" for i in range(1, 7)] and c["protocol"] == PROTOCOL for c in asked)
     assert all(set(steps) == {200} for c in asked for steps in c["steps"].values())
+
+
+def test_runs_scored_on_other_problems_are_aligned_on_the_ones_they_share():
+    """The usual case (the same problems, the same order) stacks the rows; otherwise the problems every run has,
+    in the first run's order, each run's score of each; none shared, or a run without samples: no matrix."""
+    a, b = ("p1", "p2", "p3"), ("p3", "p1", "p4")
+    same = aligned([(a, np.array([0.1, 0.2, 0.3])), (a, np.array([0.4, 0.5, 0.6]))])
+    assert same is not None and same[1] == a and same[0].tolist() == [[0.1, 0.2, 0.3], [0.4, 0.5, 0.6]]
+    mixed = aligned([(a, np.array([0.1, 0.2, 0.3])), (b, np.array([0.7, 0.8, 0.9]))])
+    assert mixed is not None and mixed[1] == ("p1", "p3") and mixed[0].tolist() == [[0.1, 0.3], [0.8, 0.7]]
+    assert aligned([(a, np.zeros(3)), (("q",), np.zeros(1))]) is None
+    assert aligned([(a, np.zeros(3)), None]) is None and aligned([]) is None

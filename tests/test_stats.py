@@ -489,6 +489,26 @@ def test_curve_band_with_one_seed_has_no_band():
     assert records[0] == {"step": 1, "mean": 0.1, "low": None, "high": None, "n_seeds": 1}
 
 
+@pytest.mark.parametrize("shape", ["same steps", "ragged", "unsorted", "one curve", "a NaN"])
+def test_curve_mean_is_the_bands_centre_bit_for_bit(shape):
+    """What a many-cell plot draws per cell: curve_band's steps and mean exactly, whether its shortcut (every
+    curve the same increasing steps) applies or not."""
+    rng = np.random.default_rng(3)
+    steps = list(range(1, 201))
+    curves = [(steps, list(rng.normal(size=200) * 1e3)) for _ in range(4)]
+    if shape == "ragged":
+        curves[1] = (steps[:150], curves[1][1][:150])
+    elif shape == "unsorted":
+        curves = [(steps[::-1], values) for _, values in curves]
+    elif shape == "one curve":
+        curves = curves[:1]
+    elif shape == "a NaN":
+        curves[2][1][7] = float("nan")
+    band = stats.curve_band(curves)
+    got_steps, got_mean = stats.curve_mean(curves)
+    assert list(got_steps) == list(band.steps) and np.array_equal(got_mean, band.mean)
+
+
 # ----------------------------------------------------------------------------------- edge cases
 
 

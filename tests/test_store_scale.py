@@ -125,6 +125,30 @@ def test_steps_and_protocol_give_exactly_the_rows_of_the_whole_answer_they_name(
     ]
 
 
+@pytest.mark.parametrize("reads", ["as the dialect reads", "one query (a server's way)"])
+def test_evaluation_problems_are_the_problem_scores_of_one_benchmark_scorer_and_protocol(filled, monkeypatch, reads):
+    """What a table's intervals read: per evaluation, its problems in position order and their correct counts, as
+    problem_scores gives them; on SQLite one read per evaluation, else one query (both ways on every dialect)."""
+    store, ids = filled
+    if reads != "as the dialect reads":
+        monkeypatch.setattr("rpg_cli.store.queries.IN_PROCESS", frozenset())
+        monkeypatch.setattr("rpg_cli.store.queries.PROBLEM_KEYS", 2)
+    whole = store.problem_scores(ids)
+    steps = {"r-b": [3], "r-a": [1, 3], "R_c": [3, 2], "r-0": [2, 1, 2], "ghost": [1]}  # r-d: not asked
+    for bench, scorer, proto in (("aime24", "dapo", P1), ("math500", "dapo", P2), ("math500", "math-verify", P1)):
+        expected: dict = {}
+        for r in whole:
+            if (r.benchmark, r.scorer, r.n, r.temperature) != (bench, scorer, proto["n"], proto["temperature"]):
+                continue
+            if r.step in steps.get(r.run_id, ()):
+                problems, correct = expected.get((r.run_id, r.step), ((), ()))
+                expected[(r.run_id, r.step)] = (problems + (r.problem,), correct + (round(r.accuracy * r.n),))
+        got = store.evaluation_problems(steps, bench, scorer, proto)
+        assert got == expected and len(got) == 7 and all(len(p) in (4, 5) for p, _ in got.values())
+    assert store.evaluation_problems({}, "aime24", "dapo", P1) == {}
+    assert store.evaluation_problems(steps, "aime24", "dapo", {**P1, "seed": 9}) == {}
+
+
 def test_problem_scores_ask_for_runs_in_pieces_and_keep_the_order(filled, monkeypatch):
     store, ids = filled
     whole = store.problem_scores(ids)
@@ -272,9 +296,18 @@ def test_metrics_of_a_live_and_a_finished_run_ingest_alike_on_both_dialects(db_u
         assert series[("r", "a")][1][6] == 700.0 and len(series[("r", "a")][0]) == 100
         assert 5 not in series[("r", "c")][0]  # NaN: stored as NULL, left out of curves
         assert store.logged_keys(["x", "r"], ["zz", "c", "a"]) == {"a", "c"} and store.logged_keys([], ["a"]) == set()
-        with pytest.MonkeyPatch.context() as mp:  # fetched in pieces that cut a curve: the same curves
-            mp.setattr("rpg_cli.store.queries.SERIES_CHUNK", 7)
+        with pytest.MonkeyPatch.context() as mp:  # the other way of reading (SQLite's per key, or a server's)
+            dialect = store.engine.dialect.name
+            mp.setattr("rpg_cli.store.queries.IN_PROCESS", frozenset() if dialect == "sqlite" else frozenset({dialect}))
             assert store.series(["r"], ["a", "b", "c"]) == series
+        m = store.t.metrics.c  # what one plain query of the rows gives
+        with store.engine.connect() as conn:
+            rows = conn.execute(sa.select(m.key, m.step, m.value).where(m.value.is_not(None)).order_by(m.key, m.step))
+            plain: dict = {}
+            for key, step, value in rows:
+                plain.setdefault(("r", key), ([], []))[0].append(step)
+                plain[("r", key)][1].append(value)
+        assert series == plain and store.series(["r", "ghost"], ["a", "zz"]) == {("r", "a"): plain[("r", "a")]}
         store.set_status("r", "succeeded")
         more = [{"step": 7, "data": {"a": -1.0, "d": 1.0}}] + [{"step": s, "data": {"a": s}} for s in range(101, 201)]
         with open(path, "a") as f:

@@ -180,6 +180,14 @@ def error_line(error: str | None, width: int | None = 60) -> str:
     return line[: width - 1] + "…" if width is not None and len(line) > width else line
 
 
+def live_runs(store, sweep: str | None) -> list:
+    """The runs of `sweep` (None: every run) that may still be live: all that `reconcile_shown` looks at, read
+    without the others (thousands, for a report of the whole store)."""
+    from rpg_cli.orchestration.reconcile import LIVE
+
+    return store.runs(sweep=sweep, status=LIVE)
+
+
 def reconcile_shown(
     command: str, store, runs: list, address: str | None, runs_dir: str, quiet: bool = False, marked: bool = True
 ) -> frozenset:

@@ -9,6 +9,7 @@ from rpg_cli.cli.common import (
     db_option,
     existing_store,
     fail,
+    live_runs,
     reconcile_shown,
     rpg_command,
     runs_dir_option,
@@ -100,7 +101,7 @@ def export_command(
 
     with existing_store("export", db) as store:
         try:
-            reconcile_shown("export", store, store.runs(sweep=sweep_name), address, runs_dir, marked=False)
+            reconcile_shown("export", store, live_runs(store, sweep_name), address, runs_dir, marked=False)
             done = export(store, to, sweep_name, options, on_run=progress)
         except (TrackerError, StoreError) as e:
             fail("export", e)

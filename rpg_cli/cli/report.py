@@ -12,6 +12,7 @@ from rpg_cli.cli.common import (
     existing_store,
     fail,
     format_option,
+    live_runs,
     make_console,
     reconcile_shown,
     rpg_command,
@@ -161,7 +162,7 @@ def report(
         fail("report", ValueError(f"--x {x_axis}: expected {' or '.join(rp.X_AXES)}"))
     with existing_store("report", db) as store:
         try:
-            reconcile_shown("report", store, store.runs(sweep=sweep_name), address, runs_dir, marked=False)
+            reconcile_shown("report", store, live_runs(store, sweep_name), address, runs_dir, marked=False)
             if cost:
                 fmt = output_format or (
                     rp.FORMAT_BY_SUFFIX.get(Path(output).suffix.lower(), "table") if output else "table"

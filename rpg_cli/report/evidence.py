@@ -8,7 +8,6 @@ from __future__ import annotations
 
 from collections import defaultdict
 from collections.abc import Collection, Mapping, Sequence
-from operator import attrgetter
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -16,35 +15,33 @@ import numpy as np
 from rpg_cli import stats
 from rpg_cli.evaluation.metrics import pass_at_k
 from rpg_cli.report.scores import Origin, Scores
-from rpg_cli.store.schema import PROTOCOL
 
 if TYPE_CHECKING:
     from rpg_cli.store import Store
 
 # (run id, step): one run's evaluation to take a score from; step None: no step (the value alone)
 Pick = tuple[str, "int | None"]
+# One evaluation's problems: their fingerprints, in position order, and each one's score (mean@k or pass@k)
+Problems = tuple[tuple[str, ...], np.ndarray]
 
 
 class Evidence:
-    """Per-step benchmark scores of the runs of a `Scores` (read at once: the `evals` rows, a few per
-    step), and the per-problem scores of only the evaluations a table or comparison shows (`read`): the
+    """Per-step benchmark scores of the runs of a `Scores` (read at once when first asked: the `evals` rows, a
+    few per step), and the per-problem scores of only the evaluations a table or comparison shows (`read`): the
     samples table holds every sample of every checkpoint, so what is read grows with what is shown, not
     with what is stored."""
 
     def __init__(self, store: Store, result: Scores):
         self.result = result
         self._store = store
-        self._series: dict[tuple[str, str], dict[int, float]] = {}
-        self._problems: dict[tuple[str, int, str], dict[str, float]] = {}
+        self._series: dict[tuple[str, str], dict[int, float]] | None = None  # read when first asked (`steps`)
+        self._problems: dict[tuple[str, int, str], Problems] = {}
         self._read: set[tuple[str, int, str]] = set()  # (run id, step, benchmark) whose problems were asked for
+        # one tuple per distinct list of problems (a benchmark file's): thousands of runs' evaluations share a few
+        self._same: dict[tuple[str, ...], tuple[str, ...]] = {}
         self._origins: dict[Origin, list[str]] = defaultdict(list)
         for run_id, origin in result.origins.items():
             self._origins[origin].append(run_id)
-        for origin, ids in self._origins.items():
-            if origin.protocol is not None:
-                self._series.update(
-                    store.eval_series(ids, origin.names, origin.k, origin.scorer, dict(origin.protocol))
-                )
 
     def read(self, bench: str, steps: Mapping[str, Collection[int]]) -> None:
         """Read the per-problem scores of `bench` at these steps of each run (one query per source),
@@ -58,27 +55,31 @@ class Evidence:
                 continue
             self._read |= {(r, step, bench) for r, s in wanted.items() for step in s}
             protocol = dict(origin.protocol)
-            expected = tuple(protocol[name] for name in PROTOCOL)
-            rows = self._store.problem_scores(
-                list(wanted), benchmark=bench, scorer=origin.scorer, steps=wanted, protocol=protocol
-            )
-            protocol_of = attrgetter(*PROTOCOL)
-            for row in rows:
-                if protocol_of(row) != expected:
-                    continue  # never another protocol's samples, whatever the store was asked
-                value = row.accuracy
-                if origin.stat == "pass":
-                    if origin.k > row.n:
-                        continue
-                    value = pass_at_k(row.n, round(row.accuracy * row.n), origin.k)
-                self._problems.setdefault((row.run_id, row.step, row.benchmark), {})[row.problem] = value
+            n = protocol["n"]
+            found = self._store.evaluation_problems(wanted, bench, origin.scorer, protocol)
+            for (run_id, step), (problems, correct) in found.items():
+                if origin.stat == "mean":
+                    values = np.asarray(correct, dtype=float) / n
+                elif origin.k <= n:
+                    values = np.array([pass_at_k(n, c, origin.k) for c in correct], dtype=float)
+                else:
+                    continue
+                self._problems[(run_id, step, bench)] = (self._same.setdefault(problems, problems), values)
 
     def steps(self, run_id: str, bench: str) -> dict[int, float]:
-        """{step: score} of every evaluated step (empty for a run read from `metrics`)."""
+        """{step: score} of every evaluated step (empty for a run read from `metrics`). Every run's are read at
+        the first call: a Last-only table never needs them."""
+        if self._series is None:
+            self._series = {}
+            for origin, ids in self._origins.items():
+                if origin.protocol is not None:
+                    self._series.update(
+                        self._store.eval_series(ids, origin.names, origin.k, origin.scorer, dict(origin.protocol))
+                    )
         return self._series.get((run_id, bench), {})
 
-    def problems(self, run_id: str, step: int | None, bench: str) -> dict[str, float] | None:
-        """{problem fingerprint: score} of the run's evaluation at `step`; None without samples. Read
+    def problems(self, run_id: str, step: int | None, bench: str) -> Problems | None:
+        """(problem fingerprints, their scores) of the run's evaluation at `step`; None without samples. Read
         here when `read` was not asked for it (callers ask first, in one query per benchmark)."""
         if step is None:
             return None
@@ -96,16 +97,20 @@ def wanted_steps(picks: Sequence[Pick]) -> dict[str, set[int]]:
     return dict(out)
 
 
-def aligned(per_run: Sequence[dict[str, float] | None]) -> tuple[np.ndarray, tuple[str, ...]] | None:
+def aligned(per_run: Sequence[Problems | None]) -> tuple[np.ndarray, tuple[str, ...]] | None:
     """(runs, problems) matrix on the problems every run was scored on, in the first run's order, with
     their ids; None when a run has no per-problem scores or the runs share no problem."""
     if not per_run or any(p is None for p in per_run):
         return None
-    common = set(per_run[0]).intersection(*per_run[1:])
-    ids = tuple(p for p in per_run[0] if p in common)
+    ids = per_run[0][0]
+    if all(problems == ids for problems, _ in per_run[1:]):  # the usual case: one benchmark file, one order
+        return np.vstack([scores for _, scores in per_run]), ids
+    common = set(ids).intersection(*(problems for problems, _ in per_run[1:]))
+    ids = tuple(p for p in ids if p in common)
     if not ids:
         return None
-    return np.array([[p[i] for i in ids] for p in per_run]), ids
+    by_id = [dict(zip(problems, scores)) for problems, scores in per_run]
+    return np.array([[p[i] for i in ids] for p in by_id]), ids
 
 
 def cell_interval(

@@ -35,7 +35,7 @@ from rpg_cli.report.names import method_sort_key, run_labels
 from rpg_cli.report.options import PlotOptions, given
 from rpg_cli.report.scores import ReportError, pick_val_keys, select_runs, val_keys
 from rpg_cli.rundir import write_atomic
-from rpg_cli.stats import BAND_MEANING, curve_band
+from rpg_cli.stats import BAND_MEANING, curve_band, curve_mean
 
 if TYPE_CHECKING:
     from matplotlib.figure import Figure
@@ -169,8 +169,7 @@ def _line_curves(
         if grouped and len(curves) == 1:  # a cell of one seed: its curve is its mean
             units.append(curves[0])
         elif grouped:
-            mean = curve_band(curves)
-            units.append((mean.steps, list(mean.mean)))
+            units.append(curve_mean(curves))
     return (units if grouped else runs), runs, cells, run_ids
 
 

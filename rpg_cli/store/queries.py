@@ -3,9 +3,10 @@ project lives in this package. Callers decide what to ask (which scorer, which k
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import operator
-from collections.abc import Collection, Iterable, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterable, Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 import sqlalchemy as sa
@@ -15,7 +16,11 @@ from rpg_cli.store.schema import PROBLEM_KEY, PROTOCOL
 if TYPE_CHECKING:
     from rpg_cli.store.schema import Schema
 
-SERIES_CHUNK = 50_000  # rows per fetch of series(): a plot's millions of values without holding them twice
+SERIES_CHUNK = 50_000  # rows per fetch of series() from a server: millions of values without holding them twice
+# The dialects whose database runs in this process: a statement costs microseconds, so thousands of reads of one
+# key range each beat one read of them all, whose rows carry their keys (millions of repeated strings: half its
+# time). A server costs a round trip per statement: there, one read.
+IN_PROCESS = frozenset({"sqlite"})
 PROBLEM_KEYS = 5000  # runs or (run, step) pairs per query of problem_scores: under SQLite's 32,766 parameters
 Protocol = Mapping[str, Any]  # n, temperature, top_p, max_tokens, seed (schema.PROTOCOL): how samples were drawn
 
@@ -213,17 +218,28 @@ class Queries:
     def series(
         self, run_ids: Sequence[str], keys: Sequence[str]
     ) -> dict[tuple[str, str], tuple[list[int], list[float]]]:
-        """{(run id, key): (steps, values)} in step order; NaN (NULL) values are left out."""
+        """{(run id, key): (steps, values)} in step order; NaN (NULL) values are left out. A plot of thousands
+        of runs reads millions of values: in process, one read per (run, key) (IN_PROCESS); else one query, its
+        rows taken as the driver's tuples in pieces, a (run, key)'s rows together as they come in key order."""
         m = self.t.metrics.c
-        query = (
-            sa.select(m.run_id, m.key, m.step, m.value)
-            .where(m.run_id.in_(list(run_ids)), m.key.in_(list(keys)), m.value.is_not(None))
-            .order_by(m.run_id, m.key, m.step)
-        )
         out: dict[tuple[str, str], tuple[list[int], list[float]]] = {}
         with self.engine.connect() as conn:
-            # millions of rows for a plot of thousands of runs: the driver's plain tuples (these columns need no
-            # conversion), a (run, key)'s rows together as they come in key order; half the time of Row objects
+            if conn.dialect.name in IN_PROCESS:
+                one = sa.select(m.step, m.value).where(
+                    m.run_id == sa.bindparam("run_id"), m.key == sa.bindparam("key"), m.value.is_not(None)
+                )
+                with _driver_reads(conn, one.order_by(m.step)) as read:
+                    for run_id in run_ids:
+                        for key in keys:
+                            if rows := read(run_id=run_id, key=key):
+                                steps, values = zip(*rows)
+                                out[(run_id, key)] = (list(steps), list(values))
+                return out
+            query = (
+                sa.select(m.run_id, m.key, m.step, m.value)
+                .where(m.run_id.in_(list(run_ids)), m.key.in_(list(keys)), m.value.is_not(None))
+                .order_by(m.run_id, m.key, m.step)
+            )
             cursor = conn.execute(query).cursor
             while chunk := cursor.fetchmany(SERIES_CHUNK):
                 for (run_id, key), rows in itertools.groupby(chunk, key=operator.itemgetter(0, 1)):
@@ -341,12 +357,68 @@ class Queries:
                 out.sort(key=lambda row: rank[row.run_id])
         return out
 
+    def evaluation_problems(
+        self, steps: Mapping[str, Collection[int]], benchmark: str, scorer: str, protocol: Protocol
+    ) -> dict[tuple[str, int], tuple[tuple[str, ...], tuple[int, ...]]]:
+        """{(run id, step): (problems, each one's correct samples)} of the evaluations of these steps of each run
+        on one benchmark under one scorer and protocol (n samples each), problems in position order, only those
+        with all n samples stored: `problem_scores` narrowed to what an interval needs, no row object per
+        problem. In process, one read per evaluation (IN_PROCESS); else the runs asked for the same steps in one
+        query (PROBLEM_KEYS at most)."""
+        p = self.t.problem_counts.c
+        fixed = {"benchmark": benchmark, "scorer": scorer, **protocol}
+        order = [*(p[name] for name in PROBLEM_KEY[:-1]), p.position, p.problem]  # evaluation, then position
+        out: dict[tuple[str, int], tuple[tuple[str, ...], tuple[int, ...]]] = {}
+        with self.engine.connect() as conn:
+            if conn.dialect.name in IN_PROCESS:
+                one = sa.select(p.problem, p.correct).where(
+                    p.run_id == sa.bindparam("run_id"),
+                    p.step == sa.bindparam("step"),
+                    *(p[name] == value for name, value in fixed.items()),
+                    p.samples == p.n,
+                )
+                with _driver_reads(conn, one.order_by(p.position, p.problem)) as read:
+                    for run_id, run_steps in steps.items():
+                        for step in sorted(set(run_steps)):
+                            if rows := read(run_id=run_id, step=step):
+                                problems, correct = zip(*rows)
+                                out[(run_id, step)] = (problems, correct)
+                return out
+            query = sa.select(p.run_id, p.step, p.problem, p.correct).where(p.samples == p.n).order_by(*order)
+            for ids, wanted in _step_groups(sorted(steps), steps, None):
+                filters = _key_filters(self.t.problem_counts, conn.dialect.name, ids, wanted, fixed)
+                rows = conn.execute(query.where(*filters)).cursor.fetchall()  # the driver's tuples
+                for evaluated, group in itertools.groupby(rows, key=operator.itemgetter(0, 1)):
+                    _, _, problems, correct = zip(*group)
+                    out[evaluated] = (problems, correct)
+        return out
+
     def _run_order(self, conn: sa.Connection, run_ids: Sequence[str]) -> list[str]:
         """These run ids sorted as the database sorts them (ORDER BY: its collation, not Python's); one read of
         the runs' ids, which every store holds few enough of."""
         wanted = set(run_ids)
         ordered = conn.execute(sa.select(self.t.runs.c.id).order_by(self.t.runs.c.id)).scalars()
         return [run_id for run_id in ordered if run_id in wanted]
+
+
+@contextlib.contextmanager
+def _driver_reads(conn: sa.Connection, statement: sa.Select) -> Iterator[Callable[..., list[tuple[Any, ...]]]]:
+    """`read(**params)`: the rows of `statement` (its parameters named by bindparam) for these values, compiled
+    once and run on one cursor of the driver's: for thousands of small reads, each costs the database's work."""
+    compiled = statement.compile(dialect=conn.dialect)
+    names = compiled.positiontup if compiled.positional else None
+    fixed = compiled.params  # the statement's own values (its comparisons with constants)
+    cursor = conn.connection.driver_connection.cursor()
+
+    def read(**params: Any) -> list[tuple[Any, ...]]:
+        values = fixed | params
+        cursor.execute(compiled.string, values if names is None else tuple(values[n] for n in names))
+        return cursor.fetchall()
+
+    try:
+        yield read
+    finally:
+        cursor.close()
 
 
 def _step_groups(
