@@ -13,7 +13,7 @@ import pytest
 import sqlalchemy as sa
 
 from rpg_cli.orchestration.plan import RunPlan
-from rpg_cli.store import bulk, migrations, open_store
+from rpg_cli.store import bulk, migrations, open_store, queries
 from rpg_cli.store.schema import PROTOCOL, SAMPLES_KEY
 
 P1 = {"n": 4, "temperature": 1.0, "top_p": 0.7, "max_tokens": 64, "seed": 0}
@@ -278,6 +278,32 @@ def test_bulk_upsert_keeps_row_by_row_semantics_on_every_path(db_url, tmp_path, 
         assert results[0] == results[1] == sorted(expected.values(), key=lambda row: row[:3])
     finally:
         store.close()
+
+
+def test_reads_one_by_one_see_one_snapshot(tmp_path):
+    """SQLite's thousands of small reads (a plot's curves, a table's problems) run in one transaction: rows a
+    writer commits between two of them are not seen, the reads agree with each other (and SQLite keeps one lock
+    and its page cache, not one of each per read)."""
+    url = f"sqlite:///{tmp_path / 'results.db'}"
+    store, writer = open_store(url), open_store(url)
+    try:
+        store.record_plans([plan("r", tmp_path)], "sw")
+        path = tmp_path / "r" / "metrics.jsonl"
+        path.parent.mkdir(parents=True)
+        path.write_text("".join(json.dumps({"step": s, "data": {"a": float(s)}}) + "\n" for s in (1, 2)))
+        store.ingest_metrics("r", path)
+        m = store.t.metrics.c
+        one = sa.select(m.step, m.value).where(m.run_id == sa.bindparam("run_id"), m.key == sa.bindparam("key"))
+        with store.engine.connect() as conn, queries._driver_reads(conn, one.order_by(m.step)) as read:
+            before = read(run_id="r", key="a")
+            with open(path, "a") as f:
+                f.write(json.dumps({"step": 3, "data": {"a": 3.0}}) + "\n")
+            writer.ingest_metrics("r", path)  # committed by another connection meanwhile
+            assert read(run_id="r", key="a") == before == [(1, 1.0), (2, 2.0)]
+        assert store.series(["r"], ["a"])[("r", "a")] == ([1, 2, 3], [1.0, 2.0, 3.0])  # a new read sees it
+    finally:
+        store.close()
+        writer.close()
 
 
 def test_metrics_of_a_live_and_a_finished_run_ingest_alike_on_both_dialects(db_url, tmp_path):

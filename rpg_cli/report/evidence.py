@@ -122,5 +122,5 @@ def cell_interval(
     matrix = aligned([evidence.problems(run_id, step, bench) for run_id, step in picks])
     if matrix is None:
         return stats.score_from_means(values, fixed_problems=fixed_problems)
-    scores, ids = matrix
-    return stats.score(stats.Runs({bench: scores}, problems={bench: ids}), bench, fixed_problems=fixed_problems)
+    scores, _ = matrix  # a score needs no problem labels (a comparison pairs by them)
+    return stats.score(stats.Runs({bench: scores}), bench, fixed_problems=fixed_problems)

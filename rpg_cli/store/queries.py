@@ -405,6 +405,8 @@ class Queries:
 def _driver_reads(conn: sa.Connection, statement: sa.Select) -> Iterator[Callable[..., list[tuple[Any, ...]]]]:
     """`read(**params)`: the rows of `statement` (its parameters named by bindparam) for these values, compiled
     once and run on one cursor of the driver's: for thousands of small reads, each costs the database's work."""
+    if not conn.in_transaction():  # one snapshot for them all (SQLite: one lock, and its page cache kept)
+        conn.begin()
     compiled = statement.compile(dialect=conn.dialect)
     names = compiled.positiontup if compiled.positional else None
     fixed = compiled.params  # the statement's own values (its comparisons with constants)
