@@ -87,3 +87,31 @@ def test_the_executable_keeps_the_apps_exit_status_and_leaves_its_objects_to_the
         finally:
             gc.unfreeze()
     assert "no results database at" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    ("before", "threads"), [("", "1"), ("os.environ['OPENBLAS_NUM_THREADS'] = '4'", "4"), ("import numpy", "None")]
+)
+def test_the_reading_commands_ask_for_one_blas_thread_only_before_numpy_loads(before, threads):
+    """`rpg report`, `compare` and `runs` (cli.common.one_blas_thread): numpy's BLAS gets one thread when it has not
+    been loaded yet and the user set nothing; a user's own setting is kept, and once numpy is loaded nothing changes."""
+    code = (
+        f"import os\n{before}\nfrom rpg_cli.cli.common import one_blas_thread\n"
+        "one_blas_thread()\nprint(os.environ.get('OPENBLAS_NUM_THREADS'))"
+    )
+    env = {k: v for k, v in os.environ.items() if k != "OPENBLAS_NUM_THREADS"}
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == threads
+
+
+@pytest.mark.parametrize("command", [["report", "--table"], ["compare", "A", "B"], ["runs"]])
+def test_report_compare_and_runs_set_it_before_anything_loads_numpy(command, tmp_path):
+    code = (
+        "import os, sys\nfrom rpg_cli.cli import main\n"
+        f"sys.argv = ['rpg', *{command!r}, '--db', {str(tmp_path / 'none.db')!r}]\n"
+        "try:\n    main()\nexcept SystemExit:\n    pass\nprint(os.environ.get('OPENBLAS_NUM_THREADS'))"
+    )
+    env = {k: v for k, v in os.environ.items() if k != "OPENBLAS_NUM_THREADS"}
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
+    assert out.stdout.strip().splitlines()[-1] == "1", out.stderr

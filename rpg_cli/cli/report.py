@@ -14,6 +14,7 @@ from rpg_cli.cli.common import (
     format_option,
     live_runs,
     make_console,
+    one_blas_thread,
     reconcile_shown,
     rpg_command,
     runs_dir_option,
@@ -146,6 +147,7 @@ def report(
     """
     from pathlib import Path
 
+    one_blas_thread()
     from rpg_cli import report as rp
     from rpg_cli.rundir import PLOTS_DIR, write_atomic
     from rpg_cli.store import StoreError
@@ -300,6 +302,7 @@ def compare(
       rpg compare grpo-s0-1a2b3c4d,grpo-s1-5e6f7a8b dapo-s0-9c0d1e2f
       rpg compare GRPO RPG-REINFORCE-URKL --budget 120
     """
+    one_blas_thread()
     from rpg_cli import report as rp
     from rpg_cli.stats import StatsError
     from rpg_cli.store import StoreError

@@ -14,6 +14,7 @@ from rpg_cli.cli.common import (
     fail,
     format_option,
     make_console,
+    one_blas_thread,
     reconcile_shown,
     rpg_command,
     runs_dir_option,
@@ -69,6 +70,7 @@ def runs_command(
       rpg runs --sweep smoke --format csv
       rpg runs --status failed --wide
     """
+    one_blas_thread()
     from rpg_cli.report import ReportError, runs_summary, summary_csv
     from rpg_cli.report.summary import SUMMARIZE_ABOVE
     from rpg_cli.states import STATUSES
