@@ -93,7 +93,7 @@ def test_the_executable_keeps_the_apps_exit_status_and_leaves_its_objects_to_the
     ("before", "threads"), [("", "1"), ("os.environ['OPENBLAS_NUM_THREADS'] = '4'", "4"), ("import numpy", "None")]
 )
 def test_the_reading_commands_ask_for_one_blas_thread_only_before_numpy_loads(before, threads):
-    """`rpg report`, `compare` and `runs` (cli.common.one_blas_thread): numpy's BLAS gets one thread when it has not
+    """`rpg report`, `compare`, `runs` and `export` (cli.common.one_blas_thread): numpy's BLAS gets one thread when it has not
     been loaded yet and the user set nothing; a user's own setting is kept, and once numpy is loaded nothing changes."""
     code = (
         f"import os\n{before}\nfrom rpg_cli.cli.common import one_blas_thread\n"
@@ -105,8 +105,10 @@ def test_the_reading_commands_ask_for_one_blas_thread_only_before_numpy_loads(be
     assert out.stdout.strip() == threads
 
 
-@pytest.mark.parametrize("command", [["report", "--table"], ["compare", "A", "B"], ["runs"]])
-def test_report_compare_and_runs_set_it_before_anything_loads_numpy(command, tmp_path):
+@pytest.mark.parametrize(
+    "command", [["report", "--table"], ["compare", "A", "B"], ["runs"], ["export", "--to", "mlflow"]]
+)
+def test_the_reading_commands_set_it_before_anything_loads_numpy(command, tmp_path):
     code = (
         "import os, sys\nfrom rpg_cli.cli import main\n"
         f"sys.argv = ['rpg', *{command!r}, '--db', {str(tmp_path / 'none.db')!r}]\n"

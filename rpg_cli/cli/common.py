@@ -57,10 +57,10 @@ def rpg_command(name: str | None = None):
 
 
 def one_blas_thread() -> None:
-    """For a command whose arithmetic is on arrays of tens of numbers (the report's statistics): numpy's OpenBLAS
-    would start a worker per core that spins while idle, 0.1-0.3 s of CPU per command for nothing. Only before numpy
-    is first imported (after, the setting does nothing) and where the user set none; a command that starts runs
-    never calls it (its jobs would inherit the setting)."""
+    """For the commands that read the store (report, compare, runs, export: arithmetic on arrays of tens of numbers):
+    numpy's OpenBLAS would start a worker per core that spins while idle, 0.1-0.3 s of CPU a command for nothing.
+    Only before numpy is first imported (after, the setting does nothing) and where the user set none; a command
+    that starts runs never calls it (its jobs would inherit the setting)."""
     if "numpy" not in sys.modules:
         os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
 

@@ -10,6 +10,7 @@ from rpg_cli.cli.common import (
     existing_store,
     fail,
     live_runs,
+    one_blas_thread,
     reconcile_shown,
     rpg_command,
     runs_dir_option,
@@ -75,6 +76,8 @@ def export_command(
       rpg export --to mlflow --tracking-uri http://mlflow.internal:5000
     """
     from pathlib import Path
+
+    one_blas_thread()
 
     from rpg_cli.store import StoreError
     from rpg_cli.trackers import TrackerError
