@@ -13,7 +13,8 @@
     loading     YAML files: load_spec, load_sweep
 
 Only pydantic and PyYAML are imported by these (omegaconf only for files with `${...}`), so
-`rpg sweep --dry-run` stays fast; each name below is imported from its module when first used. A data file's problems and a run's validation cost: `rpg_cli.inputs`.
+`rpg sweep --dry-run` stays fast; each name below is imported from its module when first used. A data file's
+problems and a run's validation cost: `rpg_cli.inputs`.
 """
 
 import importlib

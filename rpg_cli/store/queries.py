@@ -367,7 +367,6 @@ class Queries:
         query (PROBLEM_KEYS at most)."""
         p = self.t.problem_counts.c
         fixed = {"benchmark": benchmark, "scorer": scorer, **protocol}
-        order = [*(p[name] for name in PROBLEM_KEY[:-1]), p.position, p.problem]  # evaluation, then position
         out: dict[tuple[str, int], tuple[tuple[str, ...], tuple[int, ...]]] = {}
         with self.engine.connect() as conn:
             if conn.dialect.name in IN_PROCESS:
@@ -384,6 +383,7 @@ class Queries:
                                 problems, correct = zip(*rows)
                                 out[(run_id, step)] = (problems, correct)
                 return out
+            order = [*(p[name] for name in PROBLEM_KEY[:-1]), p.position, p.problem]  # evaluation, then position
             query = sa.select(p.run_id, p.step, p.problem, p.correct).where(p.samples == p.n).order_by(*order)
             for ids, wanted in _step_groups(sorted(steps), steps, None):
                 filters = _key_filters(self.t.problem_counts, conn.dialect.name, ids, wanted, fixed)
